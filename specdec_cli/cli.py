@@ -1,0 +1,230 @@
+"""The `specdec` command line: parse options, call the engine, hand events to render."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from specdec_cli import __version__
+from specdec_cli.errors import SpecdecError
+
+app = typer.Typer(
+    name="specdec",
+    help="Lossless speculative decoding for local GGUF models: faster, with exactly the target's output.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"specdec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """Lossless speculative decoding for local GGUF models."""
+
+
+@contextlib.contextmanager
+def user_errors(on_error: Any = None) -> Iterator[None]:
+    """Map SpecdecError to one `Error:` line and its exit code; SPECDEC_DEBUG=1 shows the traceback."""
+    try:
+        yield
+    except SpecdecError as exc:
+        if on_error is not None:
+            on_error()
+        if os.environ.get("SPECDEC_DEBUG"):
+            traceback.print_exc()
+        from specdec_cli.render import error_line
+
+        error_line(str(exc))
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _usage(message: str) -> typer.Exit:
+    from specdec_cli.render import error_line
+
+    error_line(message)
+    return typer.Exit(2)
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is None or prompt == "-":
+        if prompt is None and sys.stdin.isatty():
+            raise _usage("give a PROMPT, or pipe one on stdin (use - to read stdin explicitly)")
+        text = sys.stdin.read()
+        if not text.strip():
+            raise _usage("the prompt read from stdin is empty")
+        return text.rstrip("\n")
+    return prompt
+
+
+ModelOpt = Annotated[
+    Path | None, typer.Option(help="Target GGUF file: the model whose output you get.", rich_help_panel="Models")
+]
+
+
+@app.command()
+def run(
+    prompt: Annotated[
+        str | None, typer.Argument(help="The prompt; - or a pipe reads it from stdin.", show_default=False)
+    ] = None,
+    target: ModelOpt = None,
+    draft: Annotated[
+        Path | None, typer.Option(help="Draft GGUF file (same vocabulary, smaller).", rich_help_panel="Models")
+    ] = None,
+    pair: Annotated[str | None, typer.Option(help="A named pair from models.toml.", rich_help_panel="Models")] = None,
+    no_draft: Annotated[
+        bool, typer.Option("--no-draft", help="Run the target alone (the baseline).", rich_help_panel="Models")
+    ] = False,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.", rich_help_panel="Sampling")] = 0.0,
+    top_k: Annotated[
+        int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel="Sampling")
+    ] = 40,
+    top_p: Annotated[
+        float, typer.Option("--top-p", help="Nucleus sampling threshold (1 = off).", rich_help_panel="Sampling")
+    ] = 0.95,
+    min_p: Annotated[
+        float,
+        typer.Option(
+            "--min-p", help="Drop tokens below min-p x the top probability (0 = off).", rich_help_panel="Sampling"
+        ),
+    ] = 0.05,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for a reproducible sampled run.", rich_help_panel="Sampling")
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("-n", "--max-tokens", help="Stop after this many tokens.", rich_help_panel="Sampling")
+    ] = 256,
+    draft_max: Annotated[
+        int | None,
+        typer.Option(
+            "-k",
+            "--draft-max",
+            help="Tokens drafted per step (default: the pair's, else 4).",
+            rich_help_panel="Speculation",
+        ),
+    ] = None,
+    ctx_size: Annotated[
+        int, typer.Option("--ctx-size", help="Context window in tokens, for each model.", rich_help_panel="Runtime")
+    ] = 4096,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads (default: all cores).", rich_help_panel="Runtime")
+    ] = None,
+    gpu_layers: Annotated[int, typer.Option(help="Target layers to offload to a GPU.", rich_help_panel="Runtime")] = 0,
+    draft_gpu_layers: Annotated[
+        int, typer.Option(help="Draft layers to offload to a GPU.", rich_help_panel="Runtime")
+    ] = 0,
+    chat: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat/--raw",
+            help="Apply the target's chat template (default when it has one), or feed the prompt as is.",
+            show_default=False,
+        ),
+    ] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt (with the chat template).")] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object with the text and the stats.")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
+) -> None:
+    """Generate once, with live acceptance stats."""
+    # Validate plain values first: one clear line, exit 2.
+    if temp < 0:
+        raise _usage(f"--temp must be >= 0 (0 = greedy), got {temp}")
+    if draft_max is not None and draft_max < 1:
+        raise _usage(f"--draft-max must be >= 1, got {draft_max} (use --no-draft to run the target alone)")
+    if max_tokens < 1:
+        raise _usage(f"--max-tokens must be >= 1, got {max_tokens}")
+    if ctx_size < 8:
+        raise _usage(f"--ctx-size must be >= 8, got {ctx_size}")
+    if top_k < 0 or not 0 < top_p <= 1 or not 0 <= min_p < 1:
+        raise _usage("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1)")
+    if threads is not None and threads < 1:
+        raise _usage(f"--threads must be >= 1, got {threads}")
+    text = _read_prompt(prompt)
+
+    from specdec_cli import runner
+    from specdec_cli.engine import model as model_mod
+    from specdec_cli.engine.sampling import SamplerSettings
+    from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator
+    from specdec_cli.engine.stats import Stats
+    from specdec_cli.render import make_renderer
+
+    model_mod.set_verbose(verbose)
+    renderer = make_renderer(json_out)
+    loaded = None
+    with user_errors(renderer.abort):
+        choice = runner.choose_models(target, draft, pair, no_draft)
+        k = draft_max or choice.draft_max or 4
+        loaded = runner.load_pair(
+            choice, n_ctx=ctx_size, n_threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers
+        )
+        tokens, used_chat = runner.tokenize_prompt(loaded.target, text, use_chat=chat, system=system)
+        sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+        config = GenerationConfig(max_tokens=max_tokens, draft_max=k, sampler=sampler, seed=seed)
+        gen = SpeculativeGenerator(loaded.target, loaded.drafter(), tokens, config)
+        stats = Stats()
+        renderer.start()
+        interrupted = False
+        try:
+            for ev in gen.events():
+                if hasattr(ev, "emitted"):
+                    stats.add(ev)  # type: ignore[arg-type]
+                else:
+                    stats.add_prefill(ev)  # type: ignore[arg-type]
+                renderer.event(ev, stats)
+        except KeyboardInterrupt:
+            interrupted = True
+            gen.result.stop_reason = "interrupted"
+        result = gen.result
+        gen_seconds = result.wall_seconds - (stats.t_prefill if result.prefill else 0.0)
+        payload = {
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "n_tokens": len(result.token_ids),
+            "stop_reason": result.stop_reason,
+            "n_prompt_tokens": result.n_prompt,
+            "models": {
+                "target": str(choice.target),
+                "draft": str(choice.draft) if choice.draft else None,
+                "pair": choice.pair,
+            },
+            "settings": {
+                "temperature": temp,
+                "top_k": top_k,
+                "top_p": top_p,
+                "min_p": min_p,
+                "seed": seed,
+                "max_tokens": max_tokens,
+                "draft_max": k if choice.draft else 0,
+                "ctx_size": ctx_size,
+                "threads": threads,
+                "chat_template": used_chat,
+                "system": system,
+            },
+            "stats": stats.as_dict(result.wall_seconds, gen_seconds),
+        }
+        renderer.finish(result, stats, payload)
+        loaded.close()
+        if interrupted:
+            raise typer.Exit(130)
+
+
+def main() -> None:
+    app(prog_name="specdec")

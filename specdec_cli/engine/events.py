@@ -1,0 +1,48 @@
+"""Plain events the engine yields; the CLI renders them, `stats` aggregates them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DRAFT = "draft"  # a drafted token the target accepted
+TARGET = "target"  # a token the target chose itself (residual, bonus, or plain)
+
+
+@dataclass(frozen=True)
+class EmittedToken:
+    id: int
+    text: str  # decoded incrementally: a split UTF-8 character shows on its last token
+    source: str  # DRAFT or TARGET
+
+
+@dataclass(frozen=True)
+class Prefill:
+    n_prompt: int
+    t_target: float
+    t_draft: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One target pass: verify `drafted` (possibly empty) and emit tokens."""
+
+    index: int
+    k: int  # draft length the drafter was allowed this step
+    drafted: tuple[int, ...]
+    n_accepted: int  # drafted tokens accepted and consumed (<= len(drafted))
+    emitted: tuple[EmittedToken, ...]
+    t_draft: float  # seconds inside the draft model's llama_decode
+    t_target: float  # seconds inside the target's llama_decode
+    t_other: float  # everything else in the step: sampling maths, Python
+    stop: str | None = None  # set on the step that ended generation
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stop_reason: str  # "eos", "length", "context", "interrupted"
+    n_prompt: int
+    steps: list[Step] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    prefill: Prefill | None = None

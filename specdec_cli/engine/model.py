@@ -1,0 +1,437 @@
+"""The one wrapper that owns llama.cpp handles; nothing else in specdec touches ctypes.
+
+What speculative decoding needs from a model is small: tokenize and detokenize,
+decode a batch of tokens asking for logits at chosen positions only, read those
+logits as numpy *views* (no copy of the vocabulary unless the caller asks), and
+roll the KV cache back to a position. `Model` does exactly that and tracks which
+tokens its cache holds, so callers can reuse a common prefix instead of
+re-evaluating it.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelError
+
+GGUF_MAGIC = b"GGUF"
+
+# llama.cpp's log goes through one process-wide callback: we keep the recent lines
+# (to explain a failed load) and forward them to stderr only when asked to.
+_LOG_LINES: collections.deque[str] = collections.deque(maxlen=200)
+_LOG_STATE = {"verbose": False, "installed": False}
+_LOG_LOCK = threading.Lock()
+_LOG_CALLBACK: Any = None  # keep a reference: ctypes must not collect it
+
+
+def _llama() -> Any:
+    """Import the ctypes bindings lazily so `--help` stays fast."""
+    import llama_cpp.llama_cpp as C  # noqa: N812
+
+    return C
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log on stderr (it is hidden by default)."""
+    _LOG_STATE["verbose"] = verbose
+    _install_log_callback()
+
+
+def _install_log_callback() -> None:
+    global _LOG_CALLBACK
+    with _LOG_LOCK:
+        if _LOG_STATE["installed"]:
+            return
+        C = _llama()  # noqa: N806
+
+        def _on_log(level: int, text: bytes | None, _user: Any) -> None:
+            if not text:
+                return
+            line = text.decode("utf-8", errors="replace")
+            _LOG_LINES.append(line)
+            if _LOG_STATE["verbose"]:
+                os.write(2, text)
+
+        _LOG_CALLBACK = C.llama_log_callback(_on_log)
+        C.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _LOG_STATE["installed"] = True
+
+
+def _last_log_error() -> str:
+    """The most telling recent llama.cpp log line, for an error message."""
+    for line in reversed(_LOG_LINES):
+        text = line.strip()
+        if text and ("error" in text.lower() or "failed" in text.lower()):
+            return text
+    return ""
+
+
+def check_gguf_file(path: str | os.PathLike[str]) -> Path:
+    """Fail early, with one clear line, on a path that cannot be a GGUF model."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelFileError(f"model file not found: {p}")
+    if p.is_dir():
+        raise ModelFileError(f"{p} is a directory, not a GGUF model file")
+    try:
+        with p.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {p}: {exc.strerror}") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(
+            f"{p} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
+            "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf"
+        )
+    return p
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """What decides whether two models can speculate together."""
+
+    n_vocab: int
+    vocab_type: int
+    bos: int
+    eos: int
+    eot: int
+    add_bos: bool
+    add_eos: bool
+    texts: tuple[bytes, ...]
+    eog_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class SpecialTexts:
+    bos_text: str
+    eos_text: str
+    add_bos: bool
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    description: str
+    file_size: int
+    n_params: int
+    n_ctx_train: int
+    n_swa: int
+    chat_template: str | None
+    metadata: dict[str, str]
+
+
+class Model:
+    """One GGUF model and (unless `vocab_only`) one llama.cpp context for it.
+
+    The cache is a single sequence; `tokens` lists what it holds, in order.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_gpu_layers: int = 0,
+        n_batch: int = 256,
+        vocab_only: bool = False,
+    ) -> None:
+        self.path = check_gguf_file(path)
+        _install_log_callback()
+        C = _llama()  # noqa: N806
+        self._C = C
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        self.tokens: list[int] = []
+        self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
+
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        mparams.vocab_only = vocab_only
+        _LOG_LINES.clear()
+        model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            reason = _last_log_error()
+            size = self.path.stat().st_size
+            hint = f": {reason}" if reason else ""
+            raise ModelFileError(
+                f"llama.cpp could not load {self.path} ({size:,} bytes){hint}. "
+                "The file may be truncated (re-download it) or use an architecture "
+                "this llama.cpp build does not know"
+            )
+        self._model = model
+        self._vocab = C.llama_model_get_vocab(model)
+        self.n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
+        self._pieces: dict[int, bytes] = {}
+        self._eog: frozenset[int] | None = None
+        self.n_ctx = 0
+        if vocab_only:
+            return
+
+        threads = n_threads or max(1, os.cpu_count() or 1)
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        # Sliding-window layers normally evict cells older than the window; a
+        # rollback would then leave holes, and the output would drift from the
+        # target alone. The full-size SWA cache keeps rollback exact.
+        if C.llama_model_n_swa(model) > 0:
+            cparams.swa_full = True
+        ctx = C.llama_init_from_model(model, cparams)
+        if not ctx:
+            reason = _last_log_error()
+            raise ModelFileError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for "
+                f"{self.path}{': ' + reason if reason else ''}; try a smaller --ctx-size"
+            )
+        self._ctx = ctx
+        self.n_ctx = int(C.llama_n_ctx(ctx))
+        self.n_batch = n_batch
+        self._mem = C.llama_get_memory(ctx)
+        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        b = self._batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(n_batch,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
+        self._b_logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
+        for i in range(n_batch):
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+
+    # ------------------------------------------------------------------ info
+    def vocab_info(self) -> VocabInfo:
+        C = self._C  # noqa: N806
+        v = self._vocab
+        texts = tuple(C.llama_vocab_get_text(v, i) or b"" for i in range(self.n_vocab))
+        return VocabInfo(
+            n_vocab=self.n_vocab,
+            vocab_type=int(C.llama_vocab_type(v)),
+            bos=int(C.llama_vocab_bos(v)),
+            eos=int(C.llama_vocab_eos(v)),
+            eot=int(C.llama_vocab_eot(v)),
+            add_bos=bool(C.llama_vocab_get_add_bos(v)),
+            add_eos=bool(C.llama_vocab_get_add_eos(v)),
+            texts=texts,
+            eog_ids=self.eog_ids,
+        )
+
+    def special_texts(self) -> SpecialTexts:
+        """BOS/EOS texts and flags, without reading the whole vocabulary."""
+        C = self._C  # noqa: N806
+        v = self._vocab
+        bos, eos = int(C.llama_vocab_bos(v)), int(C.llama_vocab_eos(v))
+
+        def text(i: int) -> str:
+            return (C.llama_vocab_get_text(v, i) or b"").decode("utf-8", "replace") if i >= 0 else ""
+
+        return SpecialTexts(text(bos), text(eos), bool(C.llama_vocab_get_add_bos(v)))
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """End-of-generation tokens (EOS, EOT, <end_of_turn>, ...), per llama.cpp."""
+        if self._eog is None:
+            C = self._C  # noqa: N806
+            self._eog = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_is_eog(self._vocab, i))
+        return self._eog
+
+    def info(self) -> ModelInfo:
+        C = self._C  # noqa: N806
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self._model, buf, len(buf))
+        meta: dict[str, str] = {}
+        kbuf = ctypes.create_string_buffer(256)
+        vbuf = ctypes.create_string_buffer(4096)
+        for i in range(C.llama_model_meta_count(self._model)):
+            C.llama_model_meta_key_by_index(self._model, i, kbuf, len(kbuf))
+            C.llama_model_meta_val_str_by_index(self._model, i, vbuf, len(vbuf))
+            key = kbuf.value.decode("utf-8", "replace")
+            if key.startswith("tokenizer.ggml.") and key not in (
+                "tokenizer.ggml.model",
+                "tokenizer.ggml.pre",
+            ):
+                continue
+            meta[key] = vbuf.value.decode("utf-8", "replace")
+        tmpl = C.llama_model_chat_template(self._model, None)
+        return ModelInfo(
+            path=self.path,
+            description=buf.value.decode("utf-8", "replace"),
+            file_size=self.path.stat().st_size,
+            n_params=int(C.llama_model_n_params(self._model)),
+            n_ctx_train=int(C.llama_model_n_ctx_train(self._model)),
+            n_swa=int(C.llama_model_n_swa(self._model)),
+            chat_template=tmpl.decode("utf-8") if tmpl else None,
+            metadata=meta,
+        )
+
+    def token_text(self, token: int) -> bytes:
+        """The bytes a token renders as (special tokens render as nothing)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._C.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_text(t) for t in tokens).decode("utf-8", "replace")
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (self._C.llama_token * cap)()
+        n = self._C.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (self._C.llama_token * cap)()
+            n = self._C.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    # ---------------------------------------------------------------- decode
+    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """Append `tokens` to the cache; return logits for the last `n_logits` of them.
+
+        The result is a zero-copy ``(n_logits, n_vocab)`` float32 view of
+        llama.cpp's output buffer: valid until the next call that decodes.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("decode needs at least one token")
+        if n_logits > n:
+            raise ValueError("more logits than tokens requested")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextError(f"the context is full: {len(self.tokens)} + {n} tokens > --ctx-size {self.n_ctx}")
+        C = self._C  # noqa: N806
+        start = 0
+        while start < n:
+            chunk = min(self.n_batch, n - start)
+            end = start + chunk
+            p0 = len(self.tokens)
+            self._b_token[:chunk] = tokens[start:end]
+            self._b_pos[:chunk] = np.arange(p0, p0 + chunk, dtype=np.int32)
+            self._b_logits[:chunk] = 0
+            first_out = n - n_logits  # index in `tokens` of the first wanted row
+            if end > first_out:
+                lo = max(first_out, start) - start
+                self._b_logits[lo:chunk] = 1
+            self._batch.n_tokens = chunk
+            t0 = time.perf_counter()
+            ret = C.llama_decode(self._ctx, self._batch)
+            C.llama_synchronize(self._ctx)
+            self.decode_seconds += time.perf_counter() - t0
+            if ret != 0:
+                # llama_decode leaves the cache as it was for a failed ubatch;
+                # resynchronise our view of it before reporting.
+                self._resync()
+                if ret == 1:
+                    raise ContextError(
+                        f"no room left in the KV cache at {len(self.tokens)} tokens (--ctx-size {self.n_ctx})"
+                    )
+                raise UnsupportedModelError(f"llama_decode failed with code {ret}")
+            self.tokens.extend(tokens[start:end])
+            start = end
+        ptr = C.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+
+    def _resync(self) -> None:
+        pos_max = int(self._C.llama_memory_seq_pos_max(self._mem, 0))
+        del self.tokens[pos_max + 1 :]
+
+    def rollback(self, n_keep: int) -> None:
+        """Forget every cached position from `n_keep` on."""
+        if n_keep >= len(self.tokens):
+            return
+        ok = self._C.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+        if not ok:
+            raise UnsupportedModelError(
+                f"{self.path.name}: this architecture cannot roll its cache back "
+                "(recurrent or hybrid model); speculative decoding needs that, "
+                "so run it with --no-draft"
+            )
+        del self.tokens[n_keep:]
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        n = min(len(tokens), len(self.tokens))
+        i = 0
+        while i < n and self.tokens[i] == tokens[i]:
+            i += 1
+        return i
+
+    def sync(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """Make the cache hold exactly `tokens` and return the last logits.
+
+        Only the tokens after the common prefix are evaluated. At least one
+        token is always (re)decoded so that fresh logits exist.
+        """
+        keep = min(self.common_prefix(tokens), len(tokens) - n_logits)
+        self.rollback(keep)
+        return self.decode(tokens[keep:], n_logits)
+
+    def reset(self) -> None:
+        self._C.llama_memory_clear(self._mem, True)
+        self.tokens.clear()
+
+    # --------------------------------------------------------------- cleanup
+    def close(self) -> None:
+        C = self._C  # noqa: N806
+        if self._batch is not None:
+            C.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            C.llama_free(self._ctx)
+            self._ctx = None
+        if self._model is not None:
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# llama_ftype values for the quantizations we derive drafts with.
+QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q4_K_M": 15}
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str, n_threads: int = 0) -> None:
+    """Requantize a GGUF through llama.cpp's quantize API (used to derive drafts)."""
+    if qtype not in QUANT_TYPES:
+        raise ModelFileError(f"unknown quantization {qtype!r}; choose one of {', '.join(QUANT_TYPES)}")
+    check_gguf_file(src)
+    _install_log_callback()
+    C = _llama()  # noqa: N806
+    params = C.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[qtype]
+    params.allow_requantize = True
+    params.nthread = n_threads
+    ret = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if ret != 0:
+        reason = _last_log_error()
+        raise ModelFileError(f"quantizing {src} to {qtype} failed{': ' + reason if reason else ''}")

@@ -1,0 +1,167 @@
+"""Sampler maths on numpy arrays: processed distributions and rejection sampling.
+
+Why it is shaped like this: speculative sampling is lossless only if target and
+draft are judged on the *same* processed distributions the target alone would
+sample from. So there is one `process` function (llama.cpp's chain order: top-k,
+top-p, min-p, then temperature), used for the baseline, the draft and the
+verifier alike. Distributions are kept sparse (the surviving ids only), which is
+what makes a 262k-token vocabulary cheap: with top-k the full row is never sorted
+or softmaxed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """temperature <= 0 means greedy (argmax of the raw logits, no masks)."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A sparse probability distribution: `ids` sorted by probability, descending."""
+
+    ids: np.ndarray  # int64
+    probs: np.ndarray  # float64, sums to 1
+
+    def prob(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        out = np.zeros(n_vocab, dtype=np.float64)
+        out[self.ids] = self.probs
+        return out
+
+    @staticmethod
+    def point(token: int) -> Dist:
+        return Dist(np.array([token], dtype=np.int64), np.array([1.0]))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max())
+    return z / z.sum()
+
+
+def process(logits: np.ndarray, s: SamplerSettings) -> Dist:
+    """The distribution the target (or draft) samples from under settings `s`.
+
+    `logits` is one raw row (any float dtype, may be a view into llama.cpp's
+    buffer: it is not modified). Order as in llama.cpp's default chain:
+    top-k, top-p and min-p on the raw logits, then temperature.
+    """
+    if s.greedy:
+        return Dist.point(int(np.argmax(logits)))
+    n = logits.shape[0]
+    if 0 < s.top_k < n:
+        ids = np.argpartition(logits, n - s.top_k)[n - s.top_k :]
+    else:
+        ids = np.arange(n)
+    vals = logits[ids].astype(np.float64)
+    order = np.argsort(-vals, kind="stable")
+    ids, vals = ids[order], vals[order]
+
+    if s.top_p < 1.0:
+        cum = np.cumsum(_softmax(vals))
+        keep = int(np.searchsorted(cum, s.top_p, side="left")) + 1
+        ids, vals = ids[:keep], vals[:keep]
+    if s.min_p > 0.0:
+        keep = max(1, int(np.count_nonzero(vals >= vals[0] + np.log(s.min_p))))
+        ids, vals = ids[:keep], vals[:keep]
+    return Dist(ids.astype(np.int64), _softmax(vals / s.temperature))
+
+
+def sample(dist: Dist, rng: np.random.Generator) -> int:
+    """Inverse-CDF draw; one uniform per call, so a seed fixes the run."""
+    if dist.ids.size == 1:
+        return int(dist.ids[0])
+    cum = np.cumsum(dist.probs)
+    i = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+    return int(dist.ids[min(i, dist.ids.size - 1)])
+
+
+def residual(p: Dist, q: Dist) -> Dist | None:
+    """normalise(max(0, p - q)): where to resample after rejecting a draft token.
+
+    None when p <= q everywhere (then rejection has probability zero in exact
+    arithmetic; the caller falls back to p, which is then equal to q).
+    """
+    q_at = np.zeros(p.ids.size)
+    common, p_idx, q_idx = np.intersect1d(p.ids, q.ids, assume_unique=True, return_indices=True)
+    if common.size:
+        q_at[p_idx] = q.probs[q_idx]
+    mass = np.maximum(p.probs - q_at, 0.0)
+    total = mass.sum()
+    if total <= 1e-12:
+        return None
+    keep = mass > 0
+    return Dist(p.ids[keep], mass[keep] / total)
+
+
+def accept_probability(p: Dist, q: Dist, token: int) -> float:
+    """min(1, p(x) / q(x)) for a token the drafter drew from q."""
+    qx = q.prob(token)
+    if qx <= 0.0:
+        # The drafter cannot have drawn it; treat it as a point mass proposal.
+        qx = 1.0
+    return min(1.0, p.prob(token) / qx)
+
+
+def verify_sampled(
+    target_dist: Callable[[int], Dist],
+    drafted: Sequence[int],
+    draft_dists: Sequence[Dist],
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Rejection sampling over K drafted tokens.
+
+    `target_dist(i)` gives the target's processed distribution at draft position
+    i (0..K); it is called lazily, so positions after a rejection cost nothing.
+    Returns (number accepted, the token the target adds): the residual sample at
+    the first rejection, or a bonus token from position K when all pass.
+    """
+    for i, (x, q) in enumerate(zip(drafted, draft_dists, strict=True)):
+        p = target_dist(i)
+        if rng.random() < accept_probability(p, q, x):
+            continue
+        r = residual(p, q)
+        return i, sample(r if r is not None else p, rng)
+    return len(drafted), sample(target_dist(len(drafted)), rng)
+
+
+def verify_greedy(target_argmax: np.ndarray, drafted: Sequence[int]) -> tuple[int, int]:
+    """Greedy verification: keep the drafted prefix that equals the target's argmax.
+
+    `target_argmax[i]` is the target's choice at position i (0..K).
+    """
+    k = len(drafted)
+    if k:
+        mismatch = np.flatnonzero(target_argmax[:k] != np.asarray(drafted))
+        n = int(mismatch[0]) if mismatch.size else k
+    else:
+        n = 0
+    return n, int(target_argmax[n])

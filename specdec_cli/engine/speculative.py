@@ -1,0 +1,211 @@
+"""The draft-then-verify loop.
+
+Invariant between steps: `context` is prompt + emitted tokens; the target's
+cache holds `context[:-1]` (the last token is pending: it is the first token of
+the next verification batch). A step:
+
+1. the drafter proposes up to k tokens after `context`;
+2. the target decodes [pending, d1..dk] in one batch, logits at all k+1 rows;
+3. greedy: keep the prefix equal to the target's argmax; sampling: rejection
+   sampling against the processed distributions; then one token from the target
+   (the residual at the first rejection, or a bonus after k acceptances);
+4. the target's cache is rolled back past the accepted prefix; the draft model
+   catches up on the next `propose` through common-prefix `sync`.
+
+k is capped so that no step can emit past `max_tokens` or run out of context,
+and stop tokens end generation even inside an accepted run.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec_cli.engine.drafters import Drafter
+from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Prefill, Result, Step
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.sampling import (
+    Dist,
+    SamplerSettings,
+    process,
+    sample,
+    verify_greedy,
+    verify_sampled,
+)
+from specdec_cli.errors import ContextError
+
+Event = Prefill | Step
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_tokens: int = 256
+    draft_max: int = 5
+    sampler: SamplerSettings = SamplerSettings()
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max-tokens must be >= 1, got {self.max_tokens}")
+        if self.draft_max < 1:
+            raise ValueError(f"draft-max must be >= 1, got {self.draft_max} (use --no-draft to run the target alone)")
+        self.sampler.validate()
+
+
+class SpeculativeGenerator:
+    """Runs one generation; iterate `events()`, then read `result`."""
+
+    def __init__(
+        self,
+        target: Model,
+        drafter: Drafter | None,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        config.validate()
+        if len(prompt) == 0:
+            raise ContextError("the prompt is empty after tokenization")
+        if len(prompt) > target.n_ctx:
+            raise ContextError(
+                f"the prompt is {len(prompt)} tokens but --ctx-size is {target.n_ctx}: "
+                "raise --ctx-size or shorten the prompt"
+            )
+        self.target = target
+        self.drafter = drafter
+        self.prompt = list(prompt)
+        self.config = config
+        self.rng = np.random.default_rng(config.seed)
+        self.eog = target.eog_ids
+        self._should_stop = should_stop
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.result = Result(text="", token_ids=[], stop_reason="", n_prompt=len(prompt))
+
+    # -------------------------------------------------------------- helpers
+    def _pick(self, row: np.ndarray) -> int:
+        s = self.config.sampler
+        if s.greedy:
+            return int(np.argmax(row))
+        return sample(process(row, s), self.rng)
+
+    def _emit(self, tokens: Sequence[int], sources: Sequence[str]) -> tuple[list[EmittedToken], str | None]:
+        """Append tokens to the output, stopping at EOG or the length limit."""
+        out: list[EmittedToken] = []
+        res = self.result
+        for tok, src in zip(tokens, sources, strict=True):
+            if tok in self.eog:
+                return out, "eos"
+            text = self._decoder.decode(self.target.token_text(tok))
+            out.append(EmittedToken(tok, text, src))
+            res.token_ids.append(tok)
+            res.text += text
+            if len(res.token_ids) >= self.config.max_tokens:
+                return out, "length"
+        return out, None
+
+    # ------------------------------------------------------------ the loop
+    def events(self) -> Iterator[Prefill | Step]:
+        t_start = time.perf_counter()
+        try:
+            yield from self._run()
+        finally:
+            self.result.text += self._decoder.decode(b"", final=True)
+            self.result.wall_seconds = time.perf_counter() - t_start
+
+    def _run(self) -> Iterator[Prefill | Step]:
+        cfg, target, res = self.config, self.target, self.result
+        # Prefill: the prompt through both models, then the first token.
+        td0 = self.drafter.decode_seconds() if self.drafter else 0.0
+        t0 = time.perf_counter()
+        rows = target.sync(self.prompt)
+        t_target = time.perf_counter() - t0
+        first = self._pick(rows[0])
+        if self.drafter is not None:
+            self.drafter.prefill(self.prompt)
+        t_draft = (self.drafter.decode_seconds() - td0) if self.drafter else 0.0
+        res.prefill = Prefill(len(self.prompt), t_target, t_draft)
+        yield res.prefill
+
+        context = self.prompt + [first]
+        t_step = time.perf_counter()
+        emitted, stop = self._emit([first], [TARGET])
+        step = Step(0, 0, (), 0, tuple(emitted), 0.0, 0.0, time.perf_counter() - t_step, stop)
+        res.steps.append(step)
+        yield step
+        if stop:
+            res.stop_reason = stop
+            return
+
+        index = 0
+        while True:
+            index += 1
+            if self._should_stop is not None and self._should_stop():
+                res.stop_reason = "interrupted"
+                return
+            t_step = time.perf_counter()
+            n_cached = len(context) - 1
+            room = target.n_ctx - n_cached  # positions left for [pending, drafts...]
+            if room <= 0:
+                res.stop_reason = "context"
+                return
+            remaining = cfg.max_tokens - len(res.token_ids)
+            k = 0
+            if self.drafter is not None:
+                k = max(0, min(cfg.draft_max, room - 1, remaining - 1))
+
+            td0 = self.drafter.decode_seconds() if self.drafter else 0.0
+            drafted: list[int] = []
+            q_dists: list[Dist] = []
+            if k > 0:
+                assert self.drafter is not None
+                drafted, q_dists = self.drafter.propose(context, k, cfg.sampler, self.rng, self.eog)
+            t_draft = (self.drafter.decode_seconds() - td0) if self.drafter else 0.0
+
+            tt0 = target.decode_seconds
+            rows = target.decode([context[-1], *drafted], n_logits=len(drafted) + 1)
+            if cfg.sampler.greedy:
+                n_acc, nxt = verify_greedy(rows.argmax(axis=1), drafted)
+            else:
+                s = cfg.sampler
+                n_acc, nxt = verify_sampled(lambda i: process(rows[i], s), drafted, q_dists, self.rng)
+            target.rollback(n_cached + 1 + n_acc)
+            t_target = target.decode_seconds - tt0
+
+            new = drafted[:n_acc] + [nxt]
+            emitted, stop = self._emit(new, [DRAFT] * n_acc + [TARGET])
+            # Tokens consumed: the emitted ones plus the stop token, if it was a draft.
+            consumed_drafts = min(n_acc, len(emitted) + (1 if stop == "eos" else 0))
+            context.extend(new)
+            step = Step(
+                index,
+                k,
+                tuple(drafted),
+                consumed_drafts,
+                tuple(emitted),
+                t_draft,
+                t_target,
+                max(0.0, time.perf_counter() - t_step - t_draft - t_target),
+                stop,
+            )
+            res.steps.append(step)
+            yield step
+            if stop:
+                res.stop_reason = stop
+                return
+
+
+def generate(
+    target: Model,
+    drafter: Drafter | None,
+    prompt: Sequence[int],
+    config: GenerationConfig,
+) -> Result:
+    """Run to completion without looking at the events."""
+    gen = SpeculativeGenerator(target, drafter, prompt, config)
+    for _ in gen.events():
+        pass
+    return gen.result

@@ -1,0 +1,33 @@
+"""One error family whose messages tell the user what to do next.
+
+The CLI's entry point maps every `SpecdecError` to a single `Error: ...` line on
+stderr and exit code 1; nothing below the CLI prints or exits.
+"""
+
+from __future__ import annotations
+
+
+class SpecdecError(Exception):
+    """A problem the user can act on; its message is shown as is."""
+
+    exit_code = 1
+
+
+class ModelFileError(SpecdecError):
+    """A model path that is missing, not GGUF, truncated, or unloadable."""
+
+
+class IncompatiblePairError(SpecdecError):
+    """Target and draft cannot speculate together (vocabularies differ)."""
+
+
+class ContextError(SpecdecError):
+    """The prompt does not fit in the context window."""
+
+
+class ConfigError(SpecdecError):
+    """models.toml (or a user override file) is invalid."""
+
+
+class UnsupportedModelError(SpecdecError):
+    """The model cannot do what was asked (no cache rollback, no chat template)."""

@@ -1,0 +1,244 @@
+"""All terminal output: token colouring, the live stats panel, summaries, JSON.
+
+stdout carries the generated text (or one JSON object) and nothing else; the
+legend, the live panel and the summary go to stderr. On a terminal, tokens the
+target accepted from the draft are coloured DRAFT_STYLE and tokens the target
+chose itself are left in the terminal's default colour, as the legend says.
+
+The live panel sits on stderr below the text. Because both streams share the
+screen, the line being generated is shown inside the live area and written to
+stdout once it is complete, so stdout receives the exact text while the user
+still sees every token as it arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import IO, Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from specdec_cli.engine.events import DRAFT, Prefill, Result, Step
+from specdec_cli.engine.stats import Stats
+
+DRAFT_STYLE = "bold green"
+TARGET_STYLE = ""
+STOP_REASONS = {
+    "eos": "end of generation token",
+    "length": "--max-tokens reached",
+    "context": "context full (--ctx-size)",
+    "interrupted": "interrupted",
+}
+
+
+def no_color() -> bool:
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def legend() -> Text:
+    t = Text("legend: ")
+    t.append("accepted from draft", style=DRAFT_STYLE)
+    t.append("  ")
+    t.append("chosen by target", style=TARGET_STYLE or None)
+    return t
+
+
+def styled_token(text: str, source: str) -> Text:
+    return Text(text, style=DRAFT_STYLE if source == DRAFT else TARGET_STYLE)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def stats_table(stats: Stats, *, tokens_per_second: float, title: str = "speculation") -> Table:
+    t = Table(title=title, title_justify="left", show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in ("drafted", "accepted", "accept %", "tokens/pass", "steps", "tokens/s", "K"):
+        t.add_column(col, justify="right")
+    t.add_row(
+        str(stats.drafted),
+        str(stats.accepted),
+        _pct(stats.acceptance_rate) if stats.drafted else "-",
+        f"{stats.tokens_per_step:.2f}",
+        str(stats.steps),
+        f"{tokens_per_second:.1f}",
+        str(stats.current_k),
+    )
+    return t
+
+
+def by_position(stats: Stats) -> Text:
+    if not stats.drafted_at:
+        return Text("acceptance by draft position: (nothing drafted)")
+    t = Text("acceptance by draft position: ")
+    for i, rate in enumerate(stats.accepted_by_position, start=1):
+        t.append(f"{i}:{_pct(rate)} ")
+    return t
+
+
+def summary_text(result: Result, stats: Stats, tokens_per_second: float) -> str:
+    """The plain, one-paragraph summary for pipes and NO_COLOR."""
+    parts = [
+        f"tokens {len(result.token_ids)}",
+        f"drafted {stats.drafted}",
+        f"accepted {stats.accepted}",
+        f"acceptance {_pct(stats.acceptance_rate) if stats.drafted else '-'}",
+        f"tokens/pass {stats.tokens_per_step:.2f}",
+        f"steps {stats.steps}",
+        f"{tokens_per_second:.1f} tokens/s",
+        f"stop: {STOP_REASONS.get(result.stop_reason, result.stop_reason)}",
+    ]
+    pos = " ".join(f"{i}:{_pct(r)}" for i, r in enumerate(stats.accepted_by_position, start=1))
+    line = ", ".join(parts)
+    return line + (f"\nacceptance by draft position: {pos}" if pos else "")
+
+
+class Renderer:
+    """Receives engine events; prints nothing to stdout but the text."""
+
+    def start(self) -> None: ...
+
+    def event(self, ev: Prefill | Step, stats: Stats) -> None: ...
+
+    def finish(self, result: Result, stats: Stats, payload: dict[str, Any]) -> None: ...
+
+    def abort(self) -> None:
+        """Tear down live displays before an error message is printed."""
+
+
+class JsonRenderer(Renderer):
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def finish(self, result: Result, stats: Stats, payload: dict[str, Any]) -> None:
+        self.out.write(json.dumps(payload, ensure_ascii=False) + "\n")
+        self.out.flush()
+
+
+class PlainRenderer(Renderer):
+    """Pipes and NO_COLOR: plain text streamed to stdout, plain summary on stderr."""
+
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None, quiet: bool = False) -> None:
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.quiet = quiet
+
+    def event(self, ev: Prefill | Step, stats: Stats) -> None:
+        if isinstance(ev, Step):
+            for tok in ev.emitted:
+                self.out.write(tok.text)
+            self.out.flush()
+
+    def finish(self, result: Result, stats: Stats, payload: dict[str, Any]) -> None:
+        self.out.write("\n")
+        self.out.flush()
+        if not self.quiet:
+            self.err.write(summary_text(result, stats, payload["stats"]["tokens_per_second"]) + "\n")
+            self.err.flush()
+
+
+class LiveRenderer(Renderer):
+    """Coloured tokens and a live stats panel (stderr) on a terminal."""
+
+    REFRESH_SECONDS = 0.1
+
+    def __init__(self, out: Console, err: Console, *, live_panel: bool = True) -> None:
+        self.out = out
+        self.err = err
+        self.live_panel = live_panel
+        self.line = Text()
+        self.live: Live | None = None
+        self._last_refresh = 0.0
+        self._t0 = time.perf_counter()
+        self._stats = Stats()
+
+    def _renderable(self) -> Group:
+        elapsed = max(time.perf_counter() - self._t0, 1e-9)
+        tps = self._stats.emitted / elapsed
+        items: list[Any] = []
+        if self.out_is_err_screen:
+            items.append(self.line)
+        items.append(stats_table(self._stats, tokens_per_second=tps))
+        items.append(by_position(self._stats))
+        return Group(*items)
+
+    @property
+    def out_is_err_screen(self) -> bool:
+        """Both streams on one terminal: the partial line lives in the live area."""
+        return self.live_panel and self.out.is_terminal
+
+    def start(self) -> None:
+        self.err.print(legend())
+        if self.live_panel:
+            self.live = Live(self._renderable(), console=self.err, transient=True, auto_refresh=False)
+            self.live.start()
+
+    def _write_out(self, text: Text) -> None:
+        if self.live is not None:
+            self.live.stop()
+        self.out.print(text, end="", soft_wrap=True, highlight=False)
+        self.out.file.flush()
+        if self.live is not None:
+            self.live.start()
+
+    def event(self, ev: Prefill | Step, stats: Stats) -> None:
+        self._stats = stats
+        if isinstance(ev, Prefill):
+            self._t0 = time.perf_counter()
+            return
+        for tok in ev.emitted:
+            piece = styled_token(tok.text, tok.source)
+            if not self.out_is_err_screen:
+                self._write_out(piece)
+                continue
+            if "\n" in tok.text:
+                head, _, tail = tok.text.rpartition("\n")
+                done = self.line + styled_token(head + "\n", tok.source)
+                self.line = styled_token(tail, tok.source)
+                self._write_out(done)
+            else:
+                self.line.append_text(piece)
+        now = time.perf_counter()
+        if self.live is not None and (now - self._last_refresh >= self.REFRESH_SECONDS or ev.stop):
+            self.live.update(self._renderable(), refresh=True)
+            self._last_refresh = now
+
+    def abort(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def finish(self, result: Result, stats: Stats, payload: dict[str, Any]) -> None:
+        self._stats = stats
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        self.out.print(self.line, end="", soft_wrap=True, highlight=False)
+        self.out.print()
+        self.out.file.flush()
+        tps = payload["stats"]["tokens_per_second"]
+        self.err.print(stats_table(stats, tokens_per_second=tps))
+        self.err.print(by_position(stats))
+        self.err.print(f"stop: {STOP_REASONS.get(result.stop_reason, result.stop_reason)}", highlight=False)
+
+
+def make_renderer(json_mode: bool, out: IO[str] | None = None, err: IO[str] | None = None) -> Renderer:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if json_mode:
+        return JsonRenderer(out)
+    if no_color() or not out.isatty():
+        return PlainRenderer(out, err)
+    out_console = Console(file=out, highlight=False)
+    err_console = Console(file=err, highlight=False)
+    return LiveRenderer(out_console, err_console, live_panel=err.isatty())
+
+
+def error_line(message: str, err: IO[str] | None = None) -> None:
+    (err or sys.stderr).write(f"Error: {message}\n")
