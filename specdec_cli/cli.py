@@ -184,10 +184,7 @@ def run(
         interrupted = False
         try:
             for ev in gen.events():
-                if hasattr(ev, "emitted"):
-                    stats.add(ev)  # type: ignore[arg-type]
-                else:
-                    stats.add_prefill(ev)  # type: ignore[arg-type]
+                stats.observe(ev)
                 renderer.event(ev, stats)
         except KeyboardInterrupt:
             interrupted = True

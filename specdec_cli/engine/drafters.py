@@ -46,7 +46,8 @@ class ModelDrafter:
         return self.model.decode_seconds
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        self.model.sync(prompt)
+        # The last prompt token is decoded by the first `propose`, with logits.
+        self.model.prefill(prompt[:-1])
 
     def propose(
         self,
@@ -56,6 +57,9 @@ class ModelDrafter:
         rng: np.random.Generator,
         stop_ids: frozenset[int],
     ) -> tuple[list[int], list[Dist]]:
+        fresh = context[self.model.common_prefix(context) :]
+        if any(t >= self.model.n_vocab for t in fresh):
+            return [], []  # a padded target token the draft cannot read: no draft this step
         rows = self.model.sync(context)
         drafted: list[int] = []
         dists: list[Dist] = []

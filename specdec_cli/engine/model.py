@@ -160,6 +160,8 @@ class Model:
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
+        if os.environ.get("SPECDEC_EXTRA_BUFTS", "") == "0":
+            mparams.use_extra_bufts = False
         _LOG_LINES.clear()
         model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
@@ -385,6 +387,13 @@ class Model:
         keep = min(self.common_prefix(tokens), len(tokens) - n_logits)
         self.rollback(keep)
         return self.decode(tokens[keep:], n_logits)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Make the cache hold exactly `tokens` (no logits needed); reuse the common prefix."""
+        keep = self.common_prefix(tokens)
+        self.rollback(keep)
+        if keep < len(tokens):
+            self.decode(tokens[keep:], n_logits=1)
 
     def reset(self) -> None:
         self._C.llama_memory_clear(self._mem, True)

@@ -2,7 +2,8 @@
 
 Invariant between steps: `context` is prompt + emitted tokens; the target's
 cache holds `context[:-1]` (the last token is pending: it is the first token of
-the next verification batch). A step:
+the next verification batch). Every emitted token, the first included, comes
+out of a verification pass. A step:
 
 1. the drafter proposes up to k tokens after `context`;
 2. the target decodes [pending, d1..dk] in one batch, logits at all k+1 rows;
@@ -22,6 +23,7 @@ import codecs
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -32,13 +34,16 @@ from specdec_cli.engine.sampling import (
     Dist,
     SamplerSettings,
     process,
-    sample,
     verify_greedy,
     verify_sampled,
 )
 from specdec_cli.errors import ContextError
 
 Event = Prefill | Step
+
+
+def _row_dist(rows: np.ndarray, sampler: SamplerSettings, i: int) -> Dist:
+    return process(rows[i], sampler)
 
 
 @dataclass(frozen=True)
@@ -86,12 +91,6 @@ class SpeculativeGenerator:
         self.result = Result(text="", token_ids=[], stop_reason="", n_prompt=len(prompt))
 
     # -------------------------------------------------------------- helpers
-    def _pick(self, row: np.ndarray) -> int:
-        s = self.config.sampler
-        if s.greedy:
-            return int(np.argmax(row))
-        return sample(process(row, s), self.rng)
-
     def _emit(self, tokens: Sequence[int], sources: Sequence[str]) -> tuple[list[EmittedToken], str | None]:
         """Append tokens to the output, stopping at EOG or the length limit."""
         out: list[EmittedToken] = []
@@ -118,29 +117,19 @@ class SpeculativeGenerator:
 
     def _run(self) -> Iterator[Prefill | Step]:
         cfg, target, res = self.config, self.target, self.result
-        # Prefill: the prompt through both models, then the first token.
+        # Prefill: all but the last prompt token into the target (the last one
+        # opens the first verification batch), the whole prompt into the draft.
         td0 = self.drafter.decode_seconds() if self.drafter else 0.0
-        t0 = time.perf_counter()
-        rows = target.sync(self.prompt)
-        t_target = time.perf_counter() - t0
-        first = self._pick(rows[0])
+        tt0 = target.decode_seconds
+        target.prefill(self.prompt[:-1])
         if self.drafter is not None:
             self.drafter.prefill(self.prompt)
         t_draft = (self.drafter.decode_seconds() - td0) if self.drafter else 0.0
-        res.prefill = Prefill(len(self.prompt), t_target, t_draft)
+        res.prefill = Prefill(len(self.prompt), target.decode_seconds - tt0, t_draft)
         yield res.prefill
 
-        context = self.prompt + [first]
-        t_step = time.perf_counter()
-        emitted, stop = self._emit([first], [TARGET])
-        step = Step(0, 0, (), 0, tuple(emitted), 0.0, 0.0, time.perf_counter() - t_step, stop)
-        res.steps.append(step)
-        yield step
-        if stop:
-            res.stop_reason = stop
-            return
-
-        index = 0
+        context = list(self.prompt)
+        index = -1
         while True:
             index += 1
             if self._should_stop is not None and self._should_stop():
@@ -170,8 +159,7 @@ class SpeculativeGenerator:
             if cfg.sampler.greedy:
                 n_acc, nxt = verify_greedy(rows.argmax(axis=1), drafted)
             else:
-                s = cfg.sampler
-                n_acc, nxt = verify_sampled(lambda i: process(rows[i], s), drafted, q_dists, self.rng)
+                n_acc, nxt = verify_sampled(partial(_row_dist, rows, cfg.sampler), drafted, q_dists, self.rng)
             target.rollback(n_cached + 1 + n_acc)
             t_target = target.decode_seconds - tt0
 

@@ -29,6 +29,12 @@ class Stats:
     t_prefill: float = 0.0
     current_k: int = 0
 
+    def observe(self, ev: Prefill | Step) -> None:
+        if isinstance(ev, Step):
+            self.add(ev)
+        else:
+            self.add_prefill(ev)
+
     def add_prefill(self, ev: Prefill) -> None:
         self.t_prefill += ev.t_target + ev.t_draft
 

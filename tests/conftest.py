@@ -1,0 +1,93 @@
+"""Shared fixtures: the packaged models and a derived draft, built once per session."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from specdec_cli import packaged
+from specdec_cli.engine.model import Model
+
+N_CTX = 1024
+THREADS = 2
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> Path:
+    return packaged.smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def smol_q2k_path(smol_path: Path) -> Path:
+    """The default pair's draft: SmolLM2 requantized to Q2_K (cached across runs)."""
+    return packaged.derived_draft(smol_path, "Q2_K")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    return packaged.gemma3_path()
+
+
+@pytest.fixture(scope="session")
+def smol(smol_path: Path) -> Iterator[Model]:
+    m = Model(smol_path, n_ctx=N_CTX, n_threads=THREADS)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def smol_q2k(smol_q2k_path: Path) -> Iterator[Model]:
+    m = Model(smol_q2k_path, n_ctx=N_CTX, n_threads=THREADS)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def smol_twin(smol_path: Path) -> Iterator[Model]:
+    """A second context on the target file: draft == target."""
+    m = Model(smol_path, n_ctx=N_CTX, n_threads=THREADS)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_path: Path) -> Iterator[Model]:
+    m = Model(gemma_path, n_ctx=N_CTX, n_threads=THREADS)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_q2k_path(gemma_path: Path) -> Path:
+    return packaged.derived_draft(gemma_path, "Q2_K")
+
+
+@pytest.fixture(scope="session")
+def gemma_q2k(gemma_q2k_path: Path) -> Iterator[Model]:
+    m = Model(gemma_q2k_path, n_ctx=N_CTX, n_threads=THREADS)
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def truncated_gguf(tmp_path: Path, smol_path: Path) -> Path:
+    """The first 3 MB of a real model: a valid header, tensor data cut off."""
+    out = tmp_path / "truncated.gguf"
+    with smol_path.open("rb") as src:
+        out.write_bytes(src.read(3_000_000))
+    return out
+
+
+@pytest.fixture
+def not_gguf(tmp_path: Path) -> Path:
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"<html>404 not found</html>" * 10)
+    return out
+
+
+@pytest.fixture
+def string_io() -> io.StringIO:
+    return io.StringIO()
