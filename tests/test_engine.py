@@ -1,0 +1,193 @@
+"""The engine against the real packaged models: losslessness, rollback, stops, limits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_cli import runner
+from specdec_cli.engine.drafters import ModelDrafter
+from specdec_cli.engine.events import DRAFT, TARGET
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.sampling import SamplerSettings
+from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator, generate
+from specdec_cli.engine.stats import Stats
+from specdec_cli.errors import ContextError, ModelFileError
+
+PROMPTS = [
+    "Write a haiku about the sea.",  # creative
+    "def fibonacci(n):\n    # return the n-th Fibonacci number",  # code
+    "List three prime numbers and explain why each is prime.",  # reasoning
+    "Translate to French: The cat sits on the mat.",  # translation
+    "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox",  # input-grounded
+]
+
+
+def chat_tokens(model: Model, text: str) -> list[int]:
+    tokens, used = runner.tokenize_prompt(model, text, use_chat=None, system=None)
+    return tokens
+
+
+def baseline(target: Model, prompt: list[int], max_tokens: int, **kw: object) -> list[int]:
+    return generate(target, None, prompt, GenerationConfig(max_tokens=max_tokens, **kw)).token_ids  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------------- smoke (build)
+@pytest.mark.parametrize("which", ["smol", "gemma"])
+def test_smoke_decode_in_subprocess(which: str, smol_path: Path, gemma_path: Path) -> None:
+    """A llama.cpp build that crashes (e.g. the AMX fault in FACTS.md) fails here, not in a user's hands."""
+    path = smol_path if which == "smol" else gemma_path
+    code = (
+        "from specdec_cli.engine.model import Model\n"
+        f"m = Model({str(path)!r}, n_ctx=256, n_threads=2)\n"
+        "rows = m.decode(m.tokenize('Hello', add_special=True, parse_special=True))\n"
+        "import numpy as np; assert np.isfinite(rows).all(); print(int(rows[0].argmax()))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"decode crashed (rc={proc.returncode}): {proc.stderr[-2000:]}"
+    assert proc.stdout.strip().isdigit()
+
+
+# --------------------------------------------------- batch invariance (build)
+@pytest.mark.parametrize("which", ["smol", "gemma"])
+def test_batched_logits_equal_single_token_logits(which: str, smol: Model, gemma: Model) -> None:
+    """Losslessness rests on this: verifying K+1 tokens in one batch gives bit-identical
+    logits to decoding them one at a time. The build flags in scripts/setup.sh exist for it."""
+    m = smol if which == "smol" else gemma
+    toks = m.tokenize("Once upon a time, in a land far away, " * 6, add_special=True, parse_special=True)[:60]
+    p = 20
+    m.reset()
+    m.prefill(toks[:p])
+    single = [m.decode([t])[0].copy() for t in toks[p:]]
+    for b in (2, 5, 9):
+        for start in (p, p + 13, p + 29):
+            m.rollback(start)
+            rows = m.decode(toks[start : start + b], n_logits=b)
+            for j in range(b):
+                np.testing.assert_array_equal(rows[j], single[start - p + j], err_msg=f"batch {b} at {start}")
+            m.rollback(start)  # restore the cache as it was built, one token at a time
+            for t in toks[start:]:
+                m.decode([t])
+
+
+def test_rollback_then_redecode_is_exact(smol: Model) -> None:
+    toks = smol.tokenize("The quick brown fox jumps over the lazy dog", add_special=True, parse_special=True)
+    smol.reset()
+    smol.prefill(toks[:-1])
+    ref = smol.decode(toks[-1:])[0].copy()
+    smol.reset()
+    smol.prefill(toks[:-1])
+    smol.decode([123, 456, 789], n_logits=3)
+    smol.rollback(len(toks) - 1)
+    assert smol.tokens == toks[:-1]
+    np.testing.assert_array_equal(smol.decode(toks[-1:])[0], ref)
+
+
+# ------------------------------------------------------------ greedy identity
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_identical_to_target_alone(k: int, smol: Model, smol_q2k: Model) -> None:
+    for text in PROMPTS:
+        prompt = chat_tokens(smol, text)
+        base = baseline(smol, prompt, 48)
+        res = generate(smol, ModelDrafter(smol_q2k), prompt, GenerationConfig(max_tokens=48, draft_max=k))
+        assert res.token_ids == base, f"K={k} prompt {text!r}"
+        stats = Stats()
+        for step in res.steps:
+            stats.add(step)
+        assert 0 < stats.accepted <= stats.drafted
+        assert stats.emitted == len(res.token_ids) == stats.emitted_from_draft + stats.emitted_from_target
+
+
+def test_greedy_draft_equals_target_accepts_everything(smol: Model, smol_twin: Model) -> None:
+    prompt = chat_tokens(smol, PROMPTS[1])
+    base = baseline(smol, prompt, 40)
+    res = generate(smol, ModelDrafter(smol_twin), prompt, GenerationConfig(max_tokens=40, draft_max=4))
+    assert res.token_ids == base
+    full_steps = [s for s in res.steps if len(s.drafted) == 4]
+    assert full_steps, "expected steps that drafted the full K"
+    for s in full_steps:
+        assert s.n_accepted == 4  # every draft accepted ...
+        assert [e.source for e in s.emitted] == [DRAFT] * 4 + [TARGET]  # ... plus the bonus token
+
+
+def test_greedy_swapped_pair_identical(smol: Model, smol_q2k: Model) -> None:
+    """The Q2_K model as target, the Q4_1 as draft: still the target's own output."""
+    for text in PROMPTS[:3]:
+        prompt = chat_tokens(smol_q2k, text)
+        base = baseline(smol_q2k, prompt, 40)
+        res = generate(smol_q2k, ModelDrafter(smol), prompt, GenerationConfig(max_tokens=40, draft_max=3))
+        assert res.token_ids == base
+
+
+def test_greedy_identical_on_gemma(gemma: Model, gemma_q2k: Model) -> None:
+    for text in ("The history of the Roman Empire", "def quicksort(arr):"):
+        prompt = gemma.tokenize(text, add_special=True, parse_special=True)
+        base = baseline(gemma, prompt, 32)
+        for k in (2, 5):
+            res = generate(gemma, ModelDrafter(gemma_q2k), prompt, GenerationConfig(max_tokens=32, draft_max=k))
+            assert res.token_ids == base, f"K={k} {text!r}"
+
+
+# ------------------------------------------------------------------- stops
+def test_stops_exactly_at_max_tokens_inside_accepted_run(smol: Model, smol_twin: Model) -> None:
+    prompt = chat_tokens(smol, PROMPTS[1])
+    for n in (1, 2, 5, 7):
+        res = generate(smol, ModelDrafter(smol_twin), prompt, GenerationConfig(max_tokens=n, draft_max=8))
+        assert len(res.token_ids) == n and res.stop_reason == "length"
+
+
+def test_stops_on_eos_and_never_emits_it(smol: Model, smol_twin: Model) -> None:
+    prompt = chat_tokens(smol, "Say just the word yes.")
+    res = generate(smol, ModelDrafter(smol_twin), prompt, GenerationConfig(max_tokens=64, draft_max=8))
+    assert res.stop_reason == "eos"
+    assert not set(res.token_ids) & smol.eog_ids
+    assert res.token_ids == baseline(smol, prompt, 64)
+
+
+def test_context_fills_up_mid_generation(smol_path: Path, smol_q2k_path: Path) -> None:
+    with Model(smol_path, n_ctx=64, n_threads=2) as t, Model(smol_q2k_path, n_ctx=64, n_threads=2) as d:
+        prompt = t.tokenize("Count from one to one hundred: one, two, three,", add_special=True, parse_special=True)
+        res = generate(t, ModelDrafter(d), prompt, GenerationConfig(max_tokens=500, draft_max=4))
+        assert res.stop_reason == "context"
+        assert len(prompt) + len(res.token_ids) == 64 + 1  # the last token needs no cache slot
+        assert res.text
+        t.reset()
+        assert res.token_ids == baseline(t, prompt, 500)
+
+
+def test_prompt_longer_than_context_is_refused(smol_path: Path) -> None:
+    with Model(smol_path, n_ctx=16, n_threads=2) as t:
+        prompt = t.tokenize("word " * 40, add_special=True, parse_special=True)
+        with pytest.raises(ContextError, match="--ctx-size"):
+            SpeculativeGenerator(t, None, prompt, GenerationConfig())
+
+
+# ------------------------------------------------------------- bad files
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="not found"):
+        Model(tmp_path / "nope.gguf", vocab_only=True)
+
+
+def test_not_gguf(not_gguf: Path) -> None:
+    with pytest.raises(ModelFileError, match="not a GGUF file"):
+        Model(not_gguf, vocab_only=True)
+
+
+def test_truncated_gguf(truncated_gguf: Path) -> None:
+    with pytest.raises(ModelFileError, match="truncated"):
+        Model(truncated_gguf, n_ctx=64)
+
+
+# ------------------------------------------------------------ sampling runs
+def test_seed_makes_sampled_run_reproducible(smol: Model, smol_q2k: Model) -> None:
+    prompt = chat_tokens(smol, "Tell me a short story.")
+    cfg = GenerationConfig(max_tokens=24, draft_max=3, sampler=SamplerSettings(temperature=0.9), seed=42)
+    a = generate(smol, ModelDrafter(smol_q2k), prompt, cfg).token_ids
+    b = generate(smol, ModelDrafter(smol_q2k), prompt, cfg).token_ids
+    c = generate(smol, ModelDrafter(smol_q2k), prompt, GenerationConfig(**{**cfg.__dict__, "seed": 7})).token_ids
+    assert a == b
+    assert a != c

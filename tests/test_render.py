@@ -1,0 +1,113 @@
+"""Rendering is deterministic with a fixed-width Console on a StringIO: colours mean what the legend says."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from specdec_cli import render
+from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Prefill, Result, Step
+from specdec_cli.engine.stats import Stats
+
+GREEN_BOLD = "\x1b[1;32m"
+
+
+def console(buf: io.StringIO, terminal: bool = True) -> Console:
+    return Console(file=buf, width=100, force_terminal=terminal, color_system="standard", highlight=False)
+
+
+def make_steps() -> list[Step]:
+    return [
+        Step(0, 3, (10, 11, 12), 2, (EmittedToken(10, "Hello", DRAFT), EmittedToken(11, ",", DRAFT), EmittedToken(99, " wor", TARGET)), 0.01, 0.02, 0.001),
+        Step(1, 3, (13, 14, 15), 3, (EmittedToken(13, "ld", DRAFT), EmittedToken(14, "!\n", DRAFT), EmittedToken(15, "Bye", DRAFT), EmittedToken(7, ".", TARGET)), 0.01, 0.02, 0.001, "eos"),
+    ]
+
+
+def feed(r: render.Renderer) -> tuple[Result, Stats]:
+    stats = Stats()
+    result = Result(text="", token_ids=[], stop_reason="eos", n_prompt=3)
+    r.start()
+    ev0 = Prefill(3, 0.001, 0.001)
+    stats.observe(ev0)
+    r.event(ev0, stats)
+    for s in make_steps():
+        stats.observe(s)
+        r.event(s, stats)
+        for t in s.emitted:
+            result.text += t.text
+            result.token_ids.append(t.id)
+    return result, stats
+
+
+def payload(stats: Stats) -> dict:
+    return {"stats": stats.as_dict(1.0, 0.5)}
+
+
+def test_stats_add_up() -> None:
+    _, stats = feed(render.Renderer())
+    assert stats.drafted == 6 and stats.accepted == 5 and stats.steps == 2
+    assert stats.emitted == 7 == stats.emitted_from_draft + stats.emitted_from_target
+    assert stats.accepted_by_position == [1.0, 1.0, 0.5]
+
+
+def styled_segments(ansi: str) -> list[tuple[bool, str]]:
+    """(is draft-styled, text) runs of an ANSI string."""
+    segs: list[tuple[bool, str]] = []
+    style = ""
+    for part in re.split(r"(\x1b\[[0-9;]*m)", ansi):
+        if part.startswith("\x1b["):
+            style = "" if part == "\x1b[0m" else part
+        elif part:
+            segs.append((style == GREEN_BOLD, part))
+    return segs
+
+
+def test_colours_follow_the_legend() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    r = render.LiveRenderer(console(out), console(err), live_panel=False)
+    result, stats = feed(r)
+    r.finish(result, stats, payload(stats))
+    segs = styled_segments(out.getvalue())
+    draft_text = "".join(t for green, t in segs if green)
+    target_text = "".join(t for green, t in segs if not green)
+    # Exactly the accepted draft tokens are green; newlines carry no colour.
+    assert draft_text == "Hello,ld!Bye"
+    assert target_text.replace("\n", "") == " wor."
+    legend = styled_segments(err.getvalue().splitlines()[0])
+    assert (True, "accepted from draft") in legend
+    assert any(not green and "chosen by target" in t for green, t in legend)
+
+
+def test_live_renderer_writes_exact_text_to_stdout() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    r = render.LiveRenderer(console(out), console(err), live_panel=True)
+    result, stats = feed(r)
+    r.finish(result, stats, payload(stats))
+    assert re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()) == "Hello, world!\nBye.\n"
+    summary = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())
+    assert "drafted" in summary and "1:100% 2:100% 3:50%" in summary
+
+
+def test_no_color_plain_renderer() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    r = render.PlainRenderer(out, err)
+    result, stats = feed(r)
+    r.finish(result, stats, payload(stats))
+    assert out.getvalue() == "Hello, world!\nBye.\n"
+    assert "\x1b" not in out.getvalue() + err.getvalue()
+    assert "drafted 6, accepted 5, acceptance 83%" in err.getvalue()
+
+
+def test_make_renderer_honours_no_color(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert isinstance(render.make_renderer(False, Tty(), Tty()), render.PlainRenderer)
+    monkeypatch.delenv("NO_COLOR")
+    assert isinstance(render.make_renderer(False, Tty(), Tty()), render.LiveRenderer)
+    assert isinstance(render.make_renderer(False, io.StringIO(), Tty()), render.PlainRenderer)
+    assert isinstance(render.make_renderer(True, Tty(), Tty()), render.JsonRenderer)
