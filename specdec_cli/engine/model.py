@@ -26,6 +26,14 @@ from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelErr
 
 GGUF_MAGIC = b"GGUF"
 
+# Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
+# is identical to the target alone only if a batch computes bit-identical logits
+# to single-token decoding. Two CPU kernels break that: the tiled K-quant matmul
+# (taken above a batch-size floor) and the repacked-weight GEMMs ("extra buffer
+# types", taken from 4 rows). Both are turned off; tests/test_engine.py checks
+# bit-identity on the packaged models. ggml reads this variable once per process.
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
 # llama.cpp's log goes through one process-wide callback: we keep the recent lines
 # (to explain a failed load) and forward them to stderr only when asked to.
 _LOG_LINES: collections.deque[str] = collections.deque(maxlen=200)
@@ -160,8 +168,7 @@ class Model:
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
-        if os.environ.get("SPECDEC_EXTRA_BUFTS", "") == "0":
-            mparams.use_extra_bufts = False
+        mparams.use_extra_bufts = False  # see "Exact mode" above
         _LOG_LINES.clear()
         model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:

@@ -1,0 +1,64 @@
+"""Peak RSS of `specdec run --ctx-size 8192` with the packaged Gemma as target and draft.
+
+    .venv/bin/python benchmarks/memory.py [--ctx-size 8192] [-n 64]
+
+Prints the measured peak RSS of the specdec process and the budget it must stay
+under: the two model files + their two KV caches (from the GGUF metadata, f16,
+every layer full size because specdec keeps sliding-window caches full for exact
+rollback) + 300 MB. Exits 1 if the budget is exceeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+
+from specdec_cli import packaged
+from specdec_cli.engine.model import Model
+
+MB = 1024 * 1024
+
+
+def kv_bytes(path: str, n_ctx: int) -> int:
+    with Model(path, vocab_only=True) as m:
+        meta = m.info().metadata
+    arch = meta["general.architecture"]
+    layers = int(meta[f"{arch}.block_count"])
+    heads_kv = int(meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]))
+    emb = int(meta[f"{arch}.embedding_length"])
+    heads = int(meta[f"{arch}.attention.head_count"])
+    k_len = int(meta.get(f"{arch}.attention.key_length", emb // heads))
+    v_len = int(meta.get(f"{arch}.attention.value_length", emb // heads))
+    return layers * n_ctx * heads_kv * (k_len + v_len) * 2  # f16
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx-size", type=int, default=8192)
+    ap.add_argument("-n", "--max-tokens", type=int, default=64)
+    args = ap.parse_args()
+    gemma = str(packaged.gemma3_path())
+    file_size = os.path.getsize(gemma)
+    kv = kv_bytes(gemma, args.ctx_size)
+    budget = 2 * file_size + 2 * kv + 300 * MB
+    cmd = [
+        sys.executable, "-m", "specdec_cli", "run", "The history of the printing press",
+        "--raw", "--target", gemma, "--draft", gemma, "--ctx-size", str(args.ctx_size),
+        "-n", str(args.max_tokens), "--json",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        return 1
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux reports KiB
+    print(f"ctx-size {args.ctx_size}: peak RSS {peak / MB:.0f} MB")
+    print(f"budget: 2 x model file {file_size / MB:.0f} MB + 2 x KV cache {kv / MB:.0f} MB + 300 MB = {budget / MB:.0f} MB")
+    print(f"headroom {(budget - peak) / MB:.0f} MB -> {'OK' if peak <= budget else 'OVER BUDGET'}")
+    return 0 if peak <= budget else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

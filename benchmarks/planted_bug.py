@@ -1,0 +1,47 @@
+"""Show that the sampling distribution test can fail: plant the classic bug and run it.
+
+    .venv/bin/python -m benchmarks.planted_bug [-n 1200]
+
+Runs tests/distribution.py's chi-square harness twice on the real models: once
+with the engine as it is, once with the residual replaced by p itself (resampling
+from p instead of normalise(max(0, p - q)) after a rejection). Prints both
+p-values; the bugged engine must land below the test's threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec_cli import packaged
+from specdec_cli.engine import sampling
+from specdec_cli.engine.drafters import ModelDrafter
+from specdec_cli.engine.model import Model
+from tests import distribution
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", "--samples", type=int, default=1200)
+    args = ap.parse_args()
+    target_path = packaged.smollm2_path()
+    target = Model(target_path, n_ctx=512, n_threads=2)
+    draft = Model(packaged.derived_draft(target_path, "Q2_K"), n_ctx=512, n_threads=2)
+    ok = distribution.run(target, ModelDrafter(draft), args.samples)
+    real_residual = sampling.residual
+    sampling.residual = lambda p, q: p  # the planted bug
+    try:
+        bad = distribution.run(target, ModelDrafter(draft), args.samples)
+    finally:
+        sampling.residual = real_residual
+    for label, rs in (("correct residual", ok), ("planted bug (resample from p)", bad)):
+        for r in rs:
+            verdict = "pass" if r.pvalue > distribution.P_THRESHOLD else "FAIL"
+            print(f"{label:32s} position {r.position}: n={r.n:5d} bins={r.bins:3d} p={r.pvalue:.3g} -> {verdict}")
+    caught = any(r.pvalue <= distribution.P_THRESHOLD for r in bad)
+    print("the test catches the planted bug" if caught else "the test MISSES the planted bug")
+    return 0 if caught else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
