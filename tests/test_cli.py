@@ -79,7 +79,7 @@ def test_plain_output_when_not_a_terminal() -> None:
 
 
 def test_context_running_out_keeps_text() -> None:
-    res = run("Count from one to one hundred.", "--json", "-n", "500", "--ctx-size", "64", "--threads", "2")
+    res = run("1, 2, 3, 4, 5, 6, 7, 8, 9,", "--raw", "--json", "-n", "500", "--ctx-size", "48", "--threads", "2")
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["stop_reason"] == "context" and out["text"]

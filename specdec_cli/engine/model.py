@@ -211,7 +211,9 @@ class Model:
                 f"{self.path}{': ' + reason if reason else ''}; try a smaller --ctx-size"
             )
         self._ctx = ctx
-        self.n_ctx = int(C.llama_n_ctx(ctx))
+        # llama.cpp may round the context up (to a multiple of 256); the user's
+        # --ctx-size is the limit we enforce, so behaviour does not depend on padding.
+        self.n_ctx = min(n_ctx, int(C.llama_n_ctx(ctx)))
         self.n_batch = n_batch
         self._mem = C.llama_get_memory(ctx)
         self._batch = C.llama_batch_init(n_batch, 0, 1)
