@@ -45,9 +45,21 @@ def main() -> int:
     kv = kv_bytes(gemma, args.ctx_size)
     budget = 2 * file_size + 2 * kv + 300 * MB
     cmd = [
-        sys.executable, "-m", "specdec_cli", "run", "The history of the printing press",
-        "--raw", "--target", gemma, "--draft", gemma, "--ctx-size", str(args.ctx_size),
-        "-n", str(args.max_tokens), "--json",
+        sys.executable,
+        "-m",
+        "specdec_cli",
+        "run",
+        "The history of the printing press",
+        "--raw",
+        "--target",
+        gemma,
+        "--draft",
+        gemma,
+        "--ctx-size",
+        str(args.ctx_size),
+        "-n",
+        str(args.max_tokens),
+        "--json",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -55,7 +67,9 @@ def main() -> int:
         return 1
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux reports KiB
     print(f"ctx-size {args.ctx_size}: peak RSS {peak / MB:.0f} MB")
-    print(f"budget: 2 x model file {file_size / MB:.0f} MB + 2 x KV cache {kv / MB:.0f} MB + 300 MB = {budget / MB:.0f} MB")
+    print(
+        f"budget: 2 x model file {file_size / MB:.0f} MB + 2 x KV cache {kv / MB:.0f} MB + 300 MB = {budget / MB:.0f} MB"
+    )
     print(f"headroom {(budget - peak) / MB:.0f} MB -> {'OK' if peak <= budget else 'OVER BUDGET'}")
     return 0 if peak <= budget else 1
 

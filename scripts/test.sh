@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${SPECDEC_VENV:-.venv}
-"$VENV/bin/ruff" check specdec_cli tests scripts
+"$VENV/bin/ruff" check specdec_cli tests benchmarks
 "$VENV/bin/mypy"
 "$VENV/bin/python" -m pytest -ra "$@"

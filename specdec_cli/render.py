@@ -173,11 +173,16 @@ class LiveRenderer(Renderer):
         """Both streams on one terminal: the partial line lives in the live area."""
         return self.live_panel and self.out.is_terminal
 
+    def _start_live(self) -> None:
+        # A fresh Live each time: a restarted one remembers its old height and
+        # would erase the lines just written to stdout above it.
+        self.live = Live(self._renderable(), console=self.err, transient=True, auto_refresh=False)
+        self.live.start()
+
     def start(self) -> None:
         self.err.print(legend())
         if self.live_panel:
-            self.live = Live(self._renderable(), console=self.err, transient=True, auto_refresh=False)
-            self.live.start()
+            self._start_live()
 
     def _write_out(self, text: Text) -> None:
         if self.live is not None:
@@ -185,7 +190,7 @@ class LiveRenderer(Renderer):
         self.out.print(text, end="", soft_wrap=True, highlight=False)
         self.out.file.flush()
         if self.live is not None:
-            self.live.start()
+            self._start_live()
 
     def event(self, ev: Prefill | Step, stats: Stats) -> None:
         self._stats = stats

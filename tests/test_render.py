@@ -20,8 +20,32 @@ def console(buf: io.StringIO, terminal: bool = True) -> Console:
 
 def make_steps() -> list[Step]:
     return [
-        Step(0, 3, (10, 11, 12), 2, (EmittedToken(10, "Hello", DRAFT), EmittedToken(11, ",", DRAFT), EmittedToken(99, " wor", TARGET)), 0.01, 0.02, 0.001),
-        Step(1, 3, (13, 14, 15), 3, (EmittedToken(13, "ld", DRAFT), EmittedToken(14, "!\n", DRAFT), EmittedToken(15, "Bye", DRAFT), EmittedToken(7, ".", TARGET)), 0.01, 0.02, 0.001, "eos"),
+        Step(
+            0,
+            3,
+            (10, 11, 12),
+            2,
+            (EmittedToken(10, "Hello", DRAFT), EmittedToken(11, ",", DRAFT), EmittedToken(99, " wor", TARGET)),
+            0.01,
+            0.02,
+            0.001,
+        ),
+        Step(
+            1,
+            3,
+            (13, 14, 15),
+            3,
+            (
+                EmittedToken(13, "ld", DRAFT),
+                EmittedToken(14, "!\n", DRAFT),
+                EmittedToken(15, "Bye", DRAFT),
+                EmittedToken(7, ".", TARGET),
+            ),
+            0.01,
+            0.02,
+            0.001,
+            "eos",
+        ),
     ]
 
 

@@ -93,7 +93,9 @@ def test_process_does_not_modify_the_logits_view() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(row=logit_rows, k=st.integers(0, V), p=st.floats(0.05, 1.0), mp=st.floats(0.0, 0.9), t=st.floats(0.1, 3.0))
-def test_process_is_a_distribution_over_surviving_tokens(row: np.ndarray, k: int, p: float, mp: float, t: float) -> None:
+def test_process_is_a_distribution_over_surviving_tokens(
+    row: np.ndarray, k: int, p: float, mp: float, t: float
+) -> None:
     d = process(row, SamplerSettings(temperature=t, top_k=k, top_p=p, min_p=mp))
     assert d.ids.size >= 1
     assert abs(d.probs.sum() - 1) < 1e-9
