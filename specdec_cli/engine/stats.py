@@ -40,7 +40,8 @@ class Stats:
 
     def add(self, step: Step) -> None:
         self.steps += 1
-        self.current_k = step.k
+        if step.k:  # a step capped to k=0 by --max-tokens or the context is not a K change
+            self.current_k = step.k
         self.drafted += len(step.drafted)
         self.accepted += step.n_accepted
         for i in range(len(step.drafted)):
