@@ -33,6 +33,13 @@ class Verdict:
     def ok(self) -> bool:
         return self.verdict != INCOMPATIBLE
 
+    def first_difference(self) -> str:
+        """'id N ('a' in the target, 'b' in the draft)', or '' when the texts agree."""
+        if not self.first_differences:
+            return ""
+        i, t, d = self.first_differences[0]
+        return f"id {i} ({_show(t)} in the target, {_show(d)} in the draft)"
+
 
 def _show(b: bytes) -> str:
     return repr(b.decode("utf-8", "replace"))
@@ -66,11 +73,7 @@ def check(target: VocabInfo, draft: VocabInfo, *, max_examples: int = 5) -> Verd
             f"at most {MAX_SIZE_DIFFERENCE} allowed)"
         )
     if diffs:
-        i, t, d = examples[0]
-        return bad(
-            f"{len(diffs):,} token ids have different text; the first is id {i} "
-            f"({_show(t)} in the target, {_show(d)} in the draft)"
-        )
+        return bad(f"{len(diffs):,} token ids have different text")
     if gap:
         return Verdict(PADDED, f"vocabularies equal up to id {n - 1}; sizes differ by {gap} tokens at the end")
     return Verdict(COMPATIBLE, "identical vocabularies")

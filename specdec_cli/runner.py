@@ -59,8 +59,10 @@ def check_pair(target: Path, draft: Path) -> pairs.Verdict:
     with Model(target, vocab_only=True) as t, Model(draft, vocab_only=True) as d:
         verdict = pairs.check(t.vocab_info(), d.vocab_info())
     if not verdict.ok:
+        first = verdict.first_difference()
+        detail = f"; the first differing token is {first}" if first else ""
         raise IncompatiblePairError(
-            f"{target.name} and {draft.name} cannot speculate together: {verdict.reason}. "
+            f"{target.name} and {draft.name} cannot speculate together: {verdict.reason}{detail}. "
             f"Run `specdec pair-check {target} {draft}` for details, or choose a draft from the same model family"
         )
     return verdict
