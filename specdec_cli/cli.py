@@ -225,3 +225,85 @@ def run(
 
 def main() -> None:
     app(prog_name="specdec")
+
+
+@app.command("pair-check")
+def pair_check(
+    target: Annotated[Path | None, typer.Argument(help="Target GGUF file.", show_default=False)] = None,
+    draft: Annotated[Path | None, typer.Argument(help="Draft GGUF file.", show_default=False)] = None,
+    pair: Annotated[str | None, typer.Option(help="A named pair from models.toml instead of two paths.")] = None,
+    ctx_size: Annotated[
+        int, typer.Option("--ctx-size", help="Context size for the memory estimate (and the probe).")
+    ] = 4096,
+    probe: Annotated[
+        bool,
+        typer.Option(
+            "--probe",
+            help="Run both models on built-in prompts: measure acceptance and costs, predict the speedup per K, recommend K, and check it.",
+        ),
+    ] = False,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for --probe.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
+) -> None:
+    """Can these two models speculate together, and how fast would they be?
+
+    Exit code 0 for "compatible" and "compatible (padded)", 1 for "incompatible".
+    """
+    if ctx_size < 8:
+        raise _usage(f"--ctx-size must be >= 8, got {ctx_size}")
+    if pair and (target or draft):
+        raise _usage("give either TARGET DRAFT or --pair NAME, not both")
+    if not pair and not (target and draft):
+        raise _usage("give TARGET and DRAFT paths, or --pair NAME")
+
+    import dataclasses
+    import json
+
+    from rich.console import Console
+
+    from specdec_cli import pairs, render, runner
+    from specdec_cli.engine import model as model_mod
+
+    model_mod.set_verbose(verbose)
+    with user_errors():
+        if pair:
+            choice = runner.choose_models(None, None, pair, False)
+            assert choice.draft is not None
+            t_path, d_path = choice.target, choice.draft
+        else:
+            assert target and draft
+            t_path, d_path = model_mod.check_gguf_file(target), model_mod.check_gguf_file(draft)
+        report = pairs.inspect_pair(t_path, d_path, ctx_size)
+        probe_result = None
+        if probe and report.verdict.ok:
+            from specdec_cli import probe as probe_mod
+
+            probe_result = probe_mod.run_probe(t_path, d_path, n_ctx=min(ctx_size, 2048), n_threads=threads)
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, bytes):
+            return x.decode("utf-8", "replace")
+        if isinstance(x, (list, tuple)):
+            return [plain(i) for i in x]
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    if json_out:
+        payload = plain(dataclasses.asdict(report))
+        payload["verdict"] = report.verdict.verdict
+        payload["reason"] = report.verdict.reason
+        payload["fits_in_memory"] = report.fits
+        payload["probe"] = plain(dataclasses.asdict(probe_result)) if probe_result else None
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+    else:
+        render.pair_report(Console(highlight=False, no_color=render.no_color()), report, probe_result)
+    if not report.fits:
+        render.warning(
+            f"running both needs about {report.memory_needed / 2**20:,.0f} MB at --ctx-size {ctx_size}, "
+            f"more than the {report.memory_available / 2**20 if report.memory_available else 0:,.0f} MB available"
+        )
+    if probe and not report.verdict.ok:
+        render.warning("--probe skipped: the pair is incompatible")
+    raise typer.Exit(0 if report.verdict.ok else 1)

@@ -10,6 +10,8 @@ verdict "compatible (padded)".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from specdec_cli.engine.model import VocabInfo
 
@@ -77,3 +79,147 @@ def check(target: VocabInfo, draft: VocabInfo, *, max_examples: int = 5) -> Verd
     if gap:
         return Verdict(PADDED, f"vocabularies equal up to id {n - 1}; sizes differ by {gap} tokens at the end")
     return Verdict(COMPATIBLE, "identical vocabularies")
+
+
+# ---------------------------------------------------------------- the report
+PROBES: dict[str, str] = {
+    "English prose": "The quick brown fox jumps over the lazy dog. It was the best of times.",
+    "indented code": "def add(a, b):\n    if a > b:\n        return a + b\n\treturn b - a  # tab\n",
+    "numbers": "3.14159 2718 1,000,000 -42 0x1F 1e-9 12:30 2026-11-22",
+    "emoji and Unicode": "naïve café Ωmega ∑ 😀🚀 ½ ß ﬁ",
+    "CJK": "你好，世界。日本語のテキスト。한국어 문장.",
+    "leading/trailing whitespace": "   padded text with spaces   \n\n",
+}
+CHAT_PROBE = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "What is 2 + 2?"},
+    {"role": "assistant", "content": "4."},
+    {"role": "user", "content": "And times 3?"},
+]
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    probe: str
+    same: bool
+    n_target: int
+    n_draft: int
+    first_mismatch: int | None  # index of the first differing id
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str
+    architecture: str
+    size_label: str
+    file_size: int
+    quantization: str
+    vocab_type: str
+    n_vocab: int
+    bos: int
+    eos: int
+    eot: int
+    add_bos: bool
+    add_eos: bool
+    has_chat_template: bool
+
+
+@dataclass(frozen=True)
+class PairReport:
+    target: ModelFacts
+    draft: ModelFacts
+    verdict: Verdict
+    special_differences: list[tuple[int, bytes, bytes]]
+    templates_equal: bool
+    round_trips: list[RoundTrip]
+    memory_needed: int
+    memory_available: int | None
+    ctx_size: int
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_available is None or self.memory_needed <= self.memory_available
+
+
+def special_differences(t: VocabInfo, d: VocabInfo) -> list[tuple[int, bytes, bytes]]:
+    """Control/user-defined tokens whose text differs, or that only one side has."""
+    ids = sorted(t.special_ids | d.special_ids)
+    out = []
+    for i in ids:
+        tt = t.texts[i] if i < t.n_vocab else b"(none)"
+        dt = d.texts[i] if i < d.n_vocab else b"(none)"
+        if tt != dt:
+            out.append((i, tt, dt))
+    return out
+
+
+def _compare(name: str, a: list[int], b: list[int]) -> RoundTrip:
+    mismatch = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if mismatch is None and len(a) != len(b):
+        mismatch = min(len(a), len(b))
+    return RoundTrip(name, a == b, len(a), len(b), mismatch)
+
+
+def round_trips(target: Any, draft: Any, template: str | None) -> list[RoundTrip]:
+    """Does the draft turn the same text into the same ids? (`target`/`draft` are engine Models.)"""
+    out = []
+    for name, text in PROBES.items():
+        a = target.tokenize(text, add_special=True, parse_special=False)
+        b = draft.tokenize(text, add_special=True, parse_special=False)
+        out.append(_compare(name, a, b))
+    if template:
+        from specdec_cli.engine import chat
+
+        sp = target.special_texts()
+        rendered = chat.render(template, CHAT_PROBE, bos_token=sp.bos_text, eos_token=sp.eos_text)
+        a = target.tokenize(rendered, add_special=False, parse_special=True)
+        b = draft.tokenize(rendered, add_special=False, parse_special=True)
+        out.append(_compare("conversation (chat template)", a, b))
+    return out
+
+
+def inspect_pair(target_path: Path, draft_path: Path, ctx_size: int) -> PairReport:
+    """Everything pair-check reports, from the vocabularies and metadata only."""
+    from specdec_cli.engine.model import Model
+    from specdec_cli.ggufinfo import GGUFSummary, available_memory
+
+    with Model(target_path, vocab_only=True) as tm, Model(draft_path, vocab_only=True) as dm:
+        tv, dv = tm.vocab_info(), dm.vocab_info()
+        ti, di = tm.info(), dm.info()
+        ts, ds = GGUFSummary.from_info(ti), GGUFSummary.from_info(di)
+        verdict = check(tv, dv)
+        template = ti.chat_template
+        try:
+            trips = round_trips(tm, dm, template)
+        except Exception:  # a template that cannot render the probe conversation
+            trips = round_trips(tm, dm, None)
+
+    def facts(s: GGUFSummary, v: VocabInfo) -> ModelFacts:
+        return ModelFacts(
+            path=str(s.path),
+            architecture=s.architecture,
+            size_label=s.size_label,
+            file_size=s.file_size,
+            quantization=s.quantization,
+            vocab_type=VOCAB_TYPES.get(v.vocab_type, str(v.vocab_type)),
+            n_vocab=v.n_vocab,
+            bos=v.bos,
+            eos=v.eos,
+            eot=v.eot,
+            add_bos=v.add_bos,
+            add_eos=v.add_eos,
+            has_chat_template=s.chat_template is not None,
+        )
+
+    needed = ts.file_size + ds.file_size + ts.kv_cache_bytes(ctx_size) + ds.kv_cache_bytes(ctx_size)
+    return PairReport(
+        target=facts(ts, tv),
+        draft=facts(ds, dv),
+        verdict=verdict,
+        special_differences=special_differences(tv, dv),
+        templates_equal=ti.chat_template == di.chat_template,
+        round_trips=trips,
+        memory_needed=needed,
+        memory_available=available_memory(),
+        ctx_size=ctx_size,
+    )

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 from rich.console import Console, Group
@@ -247,3 +248,103 @@ def make_renderer(json_mode: bool, out: IO[str] | None = None, err: IO[str] | No
 
 def error_line(message: str, err: IO[str] | None = None) -> None:
     (err or sys.stderr).write(f"Error: {message}\n")
+
+
+# ---------------------------------------------------------------- pair-check
+VERDICT_STYLE = {"compatible": "bold green", "compatible (padded)": "bold yellow", "incompatible": "bold red"}
+
+
+def _b(x: bytes) -> str:
+    return repr(x.decode("utf-8", "replace"))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1024 / 1024:,.0f} MB"
+
+
+def pair_report(console: Console, report: Any, probe: Any | None = None) -> None:
+    """The pair-check report (a `pairs.PairReport`, optionally a `probe.ProbeResult`)."""
+    t, d = report.target, report.draft
+    table = Table(title="pair-check", title_justify="left", header_style="bold")
+    table.add_column("")
+    table.add_column("target")
+    table.add_column("draft")
+    rows = [
+        ("file", Path(t.path).name, Path(d.path).name),
+        ("architecture", t.architecture, d.architecture),
+        ("size label", t.size_label or "?", d.size_label or "?"),
+        ("file size", _mb(t.file_size), _mb(d.file_size)),
+        ("quantization", t.quantization, d.quantization),
+        ("vocab type", t.vocab_type, d.vocab_type),
+        ("vocab size", f"{t.n_vocab:,}", f"{d.n_vocab:,}"),
+        ("BOS / EOS / EOT ids", f"{t.bos} / {t.eos} / {t.eot}", f"{d.bos} / {d.eos} / {d.eot}"),
+        ("add BOS / add EOS", f"{t.add_bos} / {t.add_eos}", f"{d.add_bos} / {d.add_eos}"),
+        ("chat template", "yes" if t.has_chat_template else "no", "yes" if d.has_chat_template else "no"),
+    ]
+    for row in rows:
+        same = row[1] == row[2] or row[0] in ("file", "file size", "quantization", "size label")
+        table.add_row(row[0], Text(row[1]), Text(row[2], style="" if same else "bold red"))
+    console.print(table)
+
+    v = report.verdict
+    console.print(f"chat templates equal: {'yes' if report.templates_equal else 'no'}")
+    console.print(f"token ids with different text: {v.differing_ids:,}")
+    for i, a, b in v.first_differences:
+        console.print(f"  id {i}: target {_b(a)}  draft {_b(b)}", highlight=False, markup=False)
+    sd = report.special_differences
+    console.print(f"special/control tokens that differ: {len(sd):,}")
+    for i, a, b in sd[:5]:
+        console.print(f"  id {i}: target {_b(a)}  draft {_b(b)}", highlight=False, markup=False)
+
+    rt = Table(title="tokenization round trip (same text -> same ids?)", title_justify="left", header_style="bold")
+    for col in ("probe", "same ids", "target ids", "draft ids", "first difference at"):
+        rt.add_column(col)
+    for r in report.round_trips:
+        rt.add_row(
+            r.probe,
+            Text("yes", style="green") if r.same else Text("no", style="red"),
+            str(r.n_target),
+            str(r.n_draft),
+            "-" if r.first_mismatch is None else str(r.first_mismatch),
+        )
+    console.print(rt)
+
+    avail = "unknown" if report.memory_available is None else _mb(report.memory_available)
+    console.print(
+        f"memory to run both at --ctx-size {report.ctx_size}: {_mb(report.memory_needed)} "
+        f"(weights + KV caches); available: {avail}"
+    )
+    if probe is not None:
+        probe_table(console, probe)
+    console.print(Text.assemble("verdict: ", (v.verdict, VERDICT_STYLE[v.verdict]), f" ({v.reason})"), soft_wrap=True)
+
+
+def probe_table(console: Console, probe: Any) -> None:
+    console.print(
+        f"probe: per-token acceptance {probe.acceptance:.0%} over {probe.n_tokens} tokens; "
+        f"draft token costs {probe.draft_cost:.2f} target tokens; target token {probe.target_ms:.1f} ms"
+    )
+    t = Table(title="predicted speedup by draft length K", title_justify="left", header_style="bold")
+    for col in ("K", "verify cost", "tokens/step", "predicted speedup"):
+        t.add_column(col, justify="right")
+    for row in probe.predictions:
+        style = "bold" if row.k == probe.recommended_k else None
+        t.add_row(
+            str(row.k), f"{row.verify_cost:.2f}", f"{row.tokens_per_step:.2f}", f"{row.speedup:.2f}x", style=style
+        )
+    console.print(t)
+    console.print(
+        f"recommended K = {probe.recommended_k}: predicted {probe.predicted_speedup:.2f}x, "
+        f"measured {probe.measured_speedup:.2f}x ({probe.measured_acceptance:.0%} accepted, "
+        f"{probe.spec_tps:.1f} vs {probe.base_tps:.1f} tokens/s target alone)"
+    )
+    if probe.predicted_speedup < 1.0:
+        console.print(
+            "no draft length makes this pair faster than the target alone here: the draft is not "
+            "cheap enough for its acceptance rate; use --no-draft, or a smaller draft",
+            style="yellow",
+        )
+
+
+def warning(message: str, err: IO[str] | None = None) -> None:
+    (err or sys.stderr).write(f"Warning: {message}\n")

@@ -108,7 +108,9 @@ def test_truncated_gguf(truncated_gguf: Path, smol_path: Path) -> None:
 
 def test_incompatible_pair_names_first_difference(smol_path: Path, gemma_path: Path) -> None:
     res = run("hi", "--target", str(smol_path), "--draft", str(gemma_path), *FAST)
-    assert_one_line_error(res, 1, "cannot speculate together", "vocabulary types differ", "first differing token is id ", "pair-check")
+    assert_one_line_error(
+        res, 1, "cannot speculate together", "vocabulary types differ", "first differing token is id ", "pair-check"
+    )
 
 
 def test_prompt_longer_than_context() -> None:

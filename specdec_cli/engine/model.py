@@ -77,11 +77,18 @@ def _install_log_callback() -> None:
 
 
 def _last_log_error() -> str:
-    """The most telling recent llama.cpp log line, for an error message."""
-    for line in reversed(_LOG_LINES):
-        text = line.strip()
-        if text and ("error" in text.lower() or "failed" in text.lower()):
-            return text
+    """The most telling recent llama.cpp log line, for an error message.
+
+    llama.cpp logs the cause ("error loading model: tensor ... not within the file
+    bounds") before a generic "failed to load model": prefer the cause.
+    """
+    lines = [line.strip() for line in _LOG_LINES if line.strip()]
+    for line in reversed(lines):
+        if "error loading model:" in line:
+            return line.split("error loading model:", 1)[1].strip()
+    for line in reversed(lines):
+        if "error" in line.lower() or "failed" in line.lower():
+            return line
     return ""
 
 
@@ -118,6 +125,7 @@ class VocabInfo:
     add_eos: bool
     texts: tuple[bytes, ...]
     eog_ids: frozenset[int]
+    special_ids: frozenset[int]  # control and user-defined tokens
 
 
 @dataclass(frozen=True)
@@ -230,6 +238,8 @@ class Model:
         C = self._C  # noqa: N806
         v = self._vocab
         texts = tuple(C.llama_vocab_get_text(v, i) or b"" for i in range(self.n_vocab))
+        special_mask = (1 << 3) | (1 << 4)  # LLAMA_TOKEN_ATTR_CONTROL | USER_DEFINED
+        special = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_get_attr(v, i) & special_mask)
         return VocabInfo(
             n_vocab=self.n_vocab,
             vocab_type=int(C.llama_vocab_type(v)),
@@ -240,6 +250,7 @@ class Model:
             add_eos=bool(C.llama_vocab_get_add_eos(v)),
             texts=texts,
             eog_ids=self.eog_ids,
+            special_ids=special,
         )
 
     def special_texts(self) -> SpecialTexts:
