@@ -18,21 +18,14 @@ import sys
 
 from specdec_cli import packaged
 from specdec_cli.engine.model import Model
+from specdec_cli.ggufinfo import GGUFSummary
 
 MB = 1024 * 1024
 
 
 def kv_bytes(path: str, n_ctx: int) -> int:
     with Model(path, vocab_only=True) as m:
-        meta = m.info().metadata
-    arch = meta["general.architecture"]
-    layers = int(meta[f"{arch}.block_count"])
-    heads_kv = int(meta.get(f"{arch}.attention.head_count_kv", meta[f"{arch}.attention.head_count"]))
-    emb = int(meta[f"{arch}.embedding_length"])
-    heads = int(meta[f"{arch}.attention.head_count"])
-    k_len = int(meta.get(f"{arch}.attention.key_length", emb // heads))
-    v_len = int(meta.get(f"{arch}.attention.value_length", emb // heads))
-    return layers * n_ctx * heads_kv * (k_len + v_len) * 2  # f16
+        return GGUFSummary.from_info(m.info()).kv_cache_bytes(n_ctx)
 
 
 def main() -> int:
