@@ -73,78 +73,63 @@ def _read_prompt(prompt: str | None) -> str:
     return prompt
 
 
-ModelOpt = Annotated[
+TargetOpt = Annotated[
     Path | None, typer.Option(help="Target GGUF file: the model whose output you get.", rich_help_panel="Models")
 ]
+DraftOpt = Annotated[
+    Path | None, typer.Option(help="Draft GGUF file (same vocabulary, smaller).", rich_help_panel="Models")
+]
+PairOpt = Annotated[str | None, typer.Option(help="A named pair from models.toml.", rich_help_panel="Models")]
+NoDraftOpt = Annotated[
+    bool, typer.Option("--no-draft", help="Run the target alone (the baseline).", rich_help_panel="Models")
+]
+TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.", rich_help_panel="Sampling")]
+TopKOpt = Annotated[
+    int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel="Sampling")
+]
+TopPOpt = Annotated[
+    float, typer.Option("--top-p", help="Nucleus sampling threshold (1 = off).", rich_help_panel="Sampling")
+]
+MinPOpt = Annotated[
+    float,
+    typer.Option(
+        "--min-p", help="Drop tokens below min-p x the top probability (0 = off).", rich_help_panel="Sampling"
+    ),
+]
+SeedOpt = Annotated[int | None, typer.Option(help="Seed for a reproducible sampled run.", rich_help_panel="Sampling")]
+MaxTokensOpt = Annotated[
+    int, typer.Option("-n", "--max-tokens", help="Stop after this many tokens.", rich_help_panel="Sampling")
+]
+DraftMaxOpt = Annotated[
+    int | None,
+    typer.Option(
+        "-k",
+        "--draft-max",
+        help="Tokens drafted per step (default: the pair's, else 4).",
+        rich_help_panel="Speculation",
+    ),
+]
+CtxOpt = Annotated[
+    int, typer.Option("--ctx-size", help="Context window in tokens, for each model.", rich_help_panel="Runtime")
+]
+ThreadsOpt = Annotated[int | None, typer.Option(help="CPU threads (default: all cores).", rich_help_panel="Runtime")]
+GpuOpt = Annotated[int, typer.Option(help="Target layers to offload to a GPU.", rich_help_panel="Runtime")]
+DraftGpuOpt = Annotated[int, typer.Option(help="Draft layers to offload to a GPU.", rich_help_panel="Runtime")]
+SystemOpt = Annotated[str | None, typer.Option(help="System prompt (with the chat template).")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")]
 
 
-@app.command()
-def run(
-    prompt: Annotated[
-        str | None, typer.Argument(help="The prompt; - or a pipe reads it from stdin.", show_default=False)
-    ] = None,
-    target: ModelOpt = None,
-    draft: Annotated[
-        Path | None, typer.Option(help="Draft GGUF file (same vocabulary, smaller).", rich_help_panel="Models")
-    ] = None,
-    pair: Annotated[str | None, typer.Option(help="A named pair from models.toml.", rich_help_panel="Models")] = None,
-    no_draft: Annotated[
-        bool, typer.Option("--no-draft", help="Run the target alone (the baseline).", rich_help_panel="Models")
-    ] = False,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.", rich_help_panel="Sampling")] = 0.0,
-    top_k: Annotated[
-        int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel="Sampling")
-    ] = 40,
-    top_p: Annotated[
-        float, typer.Option("--top-p", help="Nucleus sampling threshold (1 = off).", rich_help_panel="Sampling")
-    ] = 0.95,
-    min_p: Annotated[
-        float,
-        typer.Option(
-            "--min-p", help="Drop tokens below min-p x the top probability (0 = off).", rich_help_panel="Sampling"
-        ),
-    ] = 0.05,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed for a reproducible sampled run.", rich_help_panel="Sampling")
-    ] = None,
-    max_tokens: Annotated[
-        int, typer.Option("-n", "--max-tokens", help="Stop after this many tokens.", rich_help_panel="Sampling")
-    ] = 256,
-    draft_max: Annotated[
-        int | None,
-        typer.Option(
-            "-k",
-            "--draft-max",
-            help="Tokens drafted per step (default: the pair's, else 4).",
-            rich_help_panel="Speculation",
-        ),
-    ] = None,
-    ctx_size: Annotated[
-        int, typer.Option("--ctx-size", help="Context window in tokens, for each model.", rich_help_panel="Runtime")
-    ] = 4096,
-    threads: Annotated[
-        int | None, typer.Option(help="CPU threads (default: all cores).", rich_help_panel="Runtime")
-    ] = None,
-    gpu_layers: Annotated[int, typer.Option(help="Target layers to offload to a GPU.", rich_help_panel="Runtime")] = 0,
-    draft_gpu_layers: Annotated[
-        int, typer.Option(help="Draft layers to offload to a GPU.", rich_help_panel="Runtime")
-    ] = 0,
-    chat: Annotated[
-        bool | None,
-        typer.Option(
-            "--chat/--raw",
-            help="Apply the target's chat template (default when it has one), or feed the prompt as is.",
-            show_default=False,
-        ),
-    ] = None,
-    system: Annotated[str | None, typer.Option(help="System prompt (with the chat template).")] = None,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object with the text and the stats.")
-    ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")] = False,
+def _validate(
+    temp: float,
+    draft_max: int | None,
+    max_tokens: int,
+    ctx_size: int,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    threads: int | None,
 ) -> None:
-    """Generate once, with live acceptance stats."""
-    # Validate plain values first: one clear line, exit 2.
+    """Plain values first: one clear line, exit 2."""
     if temp < 0:
         raise _usage(f"--temp must be >= 0 (0 = greedy), got {temp}")
     if draft_max is not None and draft_max < 1:
@@ -157,6 +142,44 @@ def run(
         raise _usage("--top-k must be >= 0, --top-p in (0, 1], --min-p in [0, 1)")
     if threads is not None and threads < 1:
         raise _usage(f"--threads must be >= 1, got {threads}")
+
+
+@app.command()
+def run(
+    prompt: Annotated[
+        str | None, typer.Argument(help="The prompt; - or a pipe reads it from stdin.", show_default=False)
+    ] = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    no_draft: NoDraftOpt = False,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    max_tokens: MaxTokensOpt = 256,
+    draft_max: DraftMaxOpt = None,
+    ctx_size: CtxOpt = 4096,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuOpt = 0,
+    draft_gpu_layers: DraftGpuOpt = 0,
+    chat: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat/--raw",
+            help="Apply the target's chat template (default when it has one), or feed the prompt as is.",
+            show_default=False,
+        ),
+    ] = None,
+    system: SystemOpt = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object with the text and the stats.")
+    ] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Generate once, with live acceptance stats."""
+    _validate(temp, draft_max, max_tokens, ctx_size, top_k, top_p, min_p, threads)
     text = _read_prompt(prompt)
 
     from specdec_cli import runner
@@ -307,3 +330,56 @@ def pair_check(
     if probe and not report.verdict.ok:
         render.warning("--probe skipped: the pair is incompatible")
     raise typer.Exit(0 if report.verdict.ok else 1)
+
+
+@app.command()
+def chat(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    no_draft: NoDraftOpt = False,
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    max_tokens: MaxTokensOpt = 512,
+    draft_max: DraftMaxOpt = None,
+    ctx_size: CtxOpt = 4096,
+    threads: ThreadsOpt = None,
+    gpu_layers: GpuOpt = 0,
+    draft_gpu_layers: DraftGpuOpt = 0,
+    system: SystemOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Talk to a target/draft pair, turn by turn (/help inside lists the commands)."""
+    _validate(temp, draft_max, max_tokens, ctx_size, top_k, top_p, min_p, threads)
+
+    from platformdirs import user_data_dir
+
+    from specdec_cli import repl, runner
+    from specdec_cli.chat_session import ChatSession, with_sampler
+    from specdec_cli.engine import model as model_mod
+    from specdec_cli.engine.speculative import GenerationConfig
+
+    model_mod.set_verbose(verbose)
+    stdin, out, err = repl.default_streams()
+    with user_errors():
+        choice = runner.choose_models(target, draft, pair, no_draft)
+        k = draft_max or choice.draft_max or 4
+        loaded = runner.load_pair(
+            choice, n_ctx=ctx_size, n_threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers
+        )
+        try:
+            config = GenerationConfig(
+                max_tokens=max_tokens, draft_max=k, sampler=with_sampler(temp, top_k, top_p, min_p), seed=seed
+            )
+            session = ChatSession(loaded, config, system=system)
+            draft_name = choice.draft.name if choice.draft else "none (target alone)"
+            err.write(
+                f"specdec chat: target {choice.target.name}, draft {draft_name}. /help for commands, /exit or Ctrl-D to leave.\n"
+            )
+            reader = repl.LineReader(stdin, Path(user_data_dir("specdec")) / "chat_history")
+            repl.Repl(session, out, err, reader).run()
+        finally:
+            loaded.close()

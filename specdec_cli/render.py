@@ -348,3 +348,52 @@ def probe_table(console: Console, probe: Any) -> None:
 
 def warning(message: str, err: IO[str] | None = None) -> None:
     (err or sys.stderr).write(f"Warning: {message}\n")
+
+
+# ---------------------------------------------------------------------- chat
+class ChatRenderer:
+    """Streams one reply with the same colouring as `run` (no live panel)."""
+
+    def __init__(self, out: IO[str], colour: Console | None) -> None:
+        self.out = out
+        self.colour = colour
+
+    def step(self, ev: Step) -> None:
+        for tok in ev.emitted:
+            if self.colour is not None:
+                self.colour.print(styled_token(tok.text, tok.source), end="", soft_wrap=True, highlight=False)
+            else:
+                self.out.write(tok.text)
+        self.out.flush()
+
+    def end(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+def make_chat_renderer(out: IO[str], err: IO[str]) -> ChatRenderer:
+    colour = None if (no_color() or not out.isatty()) else Console(file=out, highlight=False)
+    return ChatRenderer(out, colour)
+
+
+def reply_summary(result: Result, stats: Stats, tokens_per_second: float) -> str:
+    acc = _pct(stats.acceptance_rate) if stats.drafted else "-"
+    stop = (
+        ""
+        if result.stop_reason in ("eos", "")
+        else f", stopped: {STOP_REASONS.get(result.stop_reason, result.stop_reason)}"
+    )
+    return (
+        f"[{len(result.token_ids)} tokens, {tokens_per_second:.1f} tokens/s, acceptance {acc}, "
+        f"{stats.tokens_per_step:.2f} tokens/pass{stop}]"
+    )
+
+
+def session_stats(stats: Stats, turns: int) -> str:
+    tps = stats.tokens_per_second()
+    pos = " ".join(f"{i}:{_pct(r)}" for i, r in enumerate(stats.accepted_by_position, start=1)) or "(nothing drafted)"
+    return (
+        f"session: {turns} {'reply' if turns == 1 else 'replies'}, {stats.emitted} tokens, drafted {stats.drafted}, accepted {stats.accepted} "
+        f"({_pct(stats.acceptance_rate) if stats.drafted else '-'}), {stats.tokens_per_step:.2f} tokens/pass, "
+        f"{tps:.1f} tokens/s\nacceptance by draft position: {pos}"
+    )

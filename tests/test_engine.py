@@ -74,6 +74,30 @@ def test_batched_logits_equal_single_token_logits(which: str, smol: Model, gemma
                 m.decode([t])
 
 
+@pytest.mark.parametrize("which", ["smol", "gemma"])
+def test_prompt_sized_batches_and_long_context_are_exact(which: str, smol: Model, gemma: Model) -> None:
+    """Prompt prefill (64+ tokens: flash attention's tiled path) and single tokens past 512 cells
+    (its split-KV path) must also match, or a warm chat cache would answer differently from a cold one."""
+    m = smol if which == "smol" else gemma
+    toks = m.tokenize(
+        "The lighthouse keeper wrote in his log about the sea. " * 70, add_special=True, parse_special=True
+    )
+    m.reset()
+    single = [m.decode([t])[0].copy() for t in toks[:96]]
+    m.reset()
+    rows = m.decode(toks[:96], n_logits=96)
+    for j in range(96):
+        np.testing.assert_array_equal(rows[j], single[j], err_msg=f"prefill row {j}")
+    m.reset()
+    m.prefill(toks[:530])
+    single = [m.decode([t])[0].copy() for t in toks[530:539]]
+    m.rollback(530)
+    rows = m.decode(toks[530:539], n_logits=9)
+    for j in range(9):
+        np.testing.assert_array_equal(rows[j], single[j], err_msg=f"row {j} at 530")
+    m.reset()
+
+
 def test_rollback_then_redecode_is_exact(smol: Model) -> None:
     toks = smol.tokenize("The quick brown fox jumps over the lazy dog", add_special=True, parse_special=True)
     smol.reset()

@@ -28,10 +28,11 @@ GGUF_MAGIC = b"GGUF"
 
 # Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
 # is identical to the target alone only if a batch computes bit-identical logits
-# to single-token decoding. Two CPU kernels break that: the tiled K-quant matmul
-# (taken above a batch-size floor) and the repacked-weight GEMMs ("extra buffer
-# types", taken from 4 rows). Both are turned off; tests/test_engine.py checks
-# bit-identity on the packaged models. ggml reads this variable once per process.
+# to single-token decoding. CPU kernels that break that are turned off: the tiled
+# K-quant matmul (taken above a batch-size floor), the repacked-weight GEMMs
+# ("extra buffer types", taken from 4 rows) and flash attention (see Model).
+# tests/test_engine.py checks bit-identity on the packaged models. ggml reads this
+# variable once per process.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
 # llama.cpp's log goes through one process-wide callback: we keep the recent lines
@@ -172,6 +173,7 @@ class Model:
         self._batch: Any = None
         self.tokens: list[int] = []
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
+        self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
@@ -206,6 +208,10 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        # Exact mode, continued: flash attention on the CPU switches to a tiled kernel
+        # for batches of 64+ queries and to a split-KV reduction for single tokens
+        # once the cache holds 512+ cells; both change the summation order.
+        cparams.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
         # Sliding-window layers normally evict cells older than the window; a
         # rollback would then leave holes, and the output would drift from the
         # target alone. The full-size SWA cache keeps rollback exact.
@@ -370,6 +376,7 @@ class Model:
                     )
                 raise UnsupportedModelError(f"llama_decode failed with code {ret}")
             self.tokens.extend(tokens[start:end])
+            self.decoded_tokens += chunk
             start = end
         ptr = C.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))

@@ -1,0 +1,166 @@
+"""`specdec chat`: the session (KV reuse, trimming, interruption) and the REPL through CliRunner."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli import runner as runner_mod
+from specdec_cli.chat_session import ChatSession
+from specdec_cli.cli import app
+from specdec_cli.engine.events import Step
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.speculative import GenerationConfig
+from specdec_cli.errors import UnsupportedModelError
+
+cli = CliRunner()
+FAST = ["--ctx-size", "1024", "--threads", "2", "-n", "24"]
+
+
+@pytest.fixture
+def session(smol_path: Path, smol_q2k_path: Path) -> Iterator[ChatSession]:
+    choice = runner_mod.ModelChoice(smol_path, smol_q2k_path, None, 4)
+    loaded = runner_mod.load_pair(choice, n_ctx=1024, n_threads=2, gpu_layers=0, draft_gpu_layers=0)
+    yield ChatSession(loaded, GenerationConfig(max_tokens=24, draft_max=4))
+    loaded.close()
+
+
+def drain(session: ChatSession, text: str, stop_after: int | None = None) -> str:
+    n = 0
+
+    def should_stop() -> bool:
+        return stop_after is not None and n >= stop_after
+
+    for ev in session.reply(text, should_stop=should_stop):
+        if isinstance(ev, Step):
+            n += 1
+    return session.last.text
+
+
+def test_second_turn_evaluates_only_new_tokens(session: ChatSession) -> None:
+    drain(session, "Name a fruit.")
+    target = session.pair.target
+    before = target.decoded_tokens
+    turn2_prompt, _ = session.prompt_tokens("Name a vegetable.", 0)
+    reused = target.common_prefix(turn2_prompt)
+    drain(session, "Name a vegetable.")
+    prefill_and_steps = target.decoded_tokens - before
+    assert reused > 0.6 * len(turn2_prompt)  # the whole first exchange (but its final tokens) is reused
+    # what was evaluated: the new part of the prompt plus the reply's verification batches
+    steps = session.last_stats.steps
+    drafted = session.last_stats.drafted
+    assert prefill_and_steps <= (len(turn2_prompt) - reused) + steps + drafted
+
+
+def test_interrupted_reply_keeps_text_and_caches_consistent(
+    session: ChatSession, smol_path: Path, smol_q2k_path: Path
+) -> None:
+    partial = drain(session, "Write a long story about a lighthouse.", stop_after=3)
+    assert session.last.stop_reason == "interrupted"
+    assert session.history[-1] == {"role": "assistant", "content": partial} and partial
+    after = drain(session, "Give it a title.")
+    # a fresh session with the same history (cold caches) must say exactly the same
+    choice = runner_mod.ModelChoice(smol_path, smol_q2k_path, None, 4)
+    fresh_pair = runner_mod.load_pair(choice, n_ctx=1024, n_threads=2, gpu_layers=0, draft_gpu_layers=0)
+    try:
+        fresh = ChatSession(fresh_pair, GenerationConfig(max_tokens=24, draft_max=4))
+        fresh.history = list(session.history[:-2])
+        assert drain(fresh, "Give it a title.") == after
+    finally:
+        fresh_pair.close()
+
+
+def test_near_context_limit_drops_oldest_turns(smol_path: Path, smol_q2k_path: Path) -> None:
+    choice = runner_mod.ModelChoice(smol_path, smol_q2k_path, None, 4)
+    loaded = runner_mod.load_pair(choice, n_ctx=256, n_threads=2, gpu_layers=0, draft_gpu_layers=0)
+    try:
+        s = ChatSession(loaded, GenerationConfig(max_tokens=40, draft_max=4), system="You are brief.")
+        for i in range(6):
+            drain(s, f"Tell me fact number {i} about the ocean.")
+            assert s.last.text
+        assert s.dropped_turns > 0
+        tokens, _ = s.prompt_tokens("one more", 40)
+        assert len(tokens) + 40 <= 256
+        assert s._messages("x")[0] == {"role": "system", "content": "You are brief."}  # system prompt kept
+    finally:
+        loaded.close()
+
+
+def test_set_validates(session: ChatSession) -> None:
+    assert session.set("temp", "0.7") == "temp = 0.7"
+    assert session.config.sampler.temperature == 0.7
+    with pytest.raises(ValueError, match="temperature"):
+        session.set("temp", "-1")
+    with pytest.raises(ValueError, match="needs a number"):
+        session.set("top_k", "many")
+    with pytest.raises(ValueError, match="draft-max"):
+        session.set("draft_max", "0")
+    with pytest.raises(ValueError, match="unknown setting"):
+        session.set("colour", "red")
+
+
+def test_base_model_is_refused(gemma_path: Path) -> None:
+    res = cli.invoke(app, ["chat", "--target", str(gemma_path), "--no-draft", *FAST], input="hi\n")
+    assert res.exit_code == 1
+    assert "no chat template" in res.stderr and "specdec run --raw" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_scripted_session(tmp_path: Path) -> None:
+    saved = tmp_path / "chat.json"
+    script = "\n".join(
+        [
+            "Hello! Who are you?",
+            "/set temp 0.5",
+            "/set temp abc",
+            "/set seed 3",
+            "/stats",
+            "/draft off",
+            '"""',
+            "Two lines:",
+            "say hi.",
+            '"""',
+            "/draft on",
+            "/system Be brief.",
+            "/nonsense",
+            f"/save {saved}",
+            "/reset",
+            "/stats",
+            "/exit",
+        ]
+    )
+    res = cli.invoke(app, ["chat", *FAST], input=script + "\n")
+    assert res.exit_code == 0, res.stderr
+    out, err = res.stdout, res.stderr
+    assert "(temp = 0.5)" in out and "(seed = 3)" in out
+    assert "Error: temp needs a number, got 'abc'" in err
+    assert "session: 1 reply," in out and "session: 0 replies" in out
+    assert "(speculation off)" in out and "(speculation on)" in out
+    assert "Error: unknown command /nonsense" in err
+    assert err.count("tokens/s, acceptance") == 2  # one summary line per reply
+    data = json.loads(saved.read_text())
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert data["messages"][2]["content"] == "Two lines:\nsay hi."
+    assert data["settings"]["temperature"] == 0.5 and data["settings"]["seed"] == 3
+    assert data["turns"][1]["stats"]["drafted"] == 0  # the /draft off turn
+    assert data["totals"]["drafted"] > 0
+
+
+def test_ctrl_d_ends_the_session() -> None:
+    res = cli.invoke(app, ["chat", *FAST], input="")
+    assert res.exit_code == 0
+
+
+def test_chat_model_file_errors(tmp_path: Path) -> None:
+    res = cli.invoke(app, ["chat", "--target", str(tmp_path / "x.gguf"), "--no-draft"])
+    assert res.exit_code == 1 and res.stderr.startswith("Error: model file not found")
+
+
+def test_session_requires_template(gemma: Model) -> None:
+    loaded = runner_mod.LoadedPair(gemma, None)
+    with pytest.raises(UnsupportedModelError):
+        ChatSession(loaded, GenerationConfig())
