@@ -98,6 +98,24 @@ def test_prompt_sized_batches_and_long_context_are_exact(which: str, smol: Model
     m.reset()
 
 
+def test_decode_longer_than_a_batch_returns_the_last_rows(smol: Model) -> None:
+    """More tokens than n_batch in one call: the wanted rows must come from the right positions."""
+    toks = smol.tokenize(
+        "A long, long road winds over the hills and far away. " * 40, add_special=True, parse_special=True
+    )
+    n = smol.n_batch + 44
+    assert len(toks) >= n
+    smol.reset()
+    smol.prefill(toks[: n - 3])
+    single = [smol.decode([t])[0].copy() for t in toks[n - 3 : n]]
+    smol.reset()
+    rows = smol.decode(toks[:n], n_logits=3)
+    assert smol.tokens == toks[:n]
+    for j in range(3):
+        np.testing.assert_array_equal(rows[j], single[j])
+    smol.reset()
+
+
 def test_rollback_then_redecode_is_exact(smol: Model) -> None:
     toks = smol.tokenize("The quick brown fox jumps over the lazy dog", add_special=True, parse_special=True)
     smol.reset()

@@ -348,19 +348,22 @@ class Model:
             raise ValueError("more logits than tokens requested")
         if len(self.tokens) + n > self.n_ctx:
             raise ContextError(f"the context is full: {len(self.tokens)} + {n} tokens > --ctx-size {self.n_ctx}")
+        if n_logits > self.n_batch:
+            raise ValueError(f"at most {self.n_batch} logits rows per decode, asked for {n_logits}")
         C = self._C  # noqa: N806
-        start = 0
-        while start < n:
-            chunk = min(self.n_batch, n - start)
-            end = start + chunk
+        # Chunks of n_batch, aligned so that the last chunk holds every wanted row:
+        # llama.cpp's output buffer only keeps the last llama_decode's rows.
+        first = n % self.n_batch or self.n_batch
+        bounds = [0, *range(first, n + 1, self.n_batch)]
+        first_out = n - n_logits  # index in `tokens` of the first wanted row
+        for start, end in zip(bounds, bounds[1:], strict=False):
+            chunk = end - start
             p0 = len(self.tokens)
             self._b_token[:chunk] = tokens[start:end]
             self._b_pos[:chunk] = np.arange(p0, p0 + chunk, dtype=np.int32)
             self._b_logits[:chunk] = 0
-            first_out = n - n_logits  # index in `tokens` of the first wanted row
             if end > first_out:
-                lo = max(first_out, start) - start
-                self._b_logits[lo:chunk] = 1
+                self._b_logits[max(first_out, start) - start : chunk] = 1
             self._batch.n_tokens = chunk
             t0 = time.perf_counter()
             ret = C.llama_decode(self._ctx, self._batch)
@@ -377,7 +380,6 @@ class Model:
                 raise UnsupportedModelError(f"llama_decode failed with code {ret}")
             self.tokens.extend(tokens[start:end])
             self.decoded_tokens += chunk
-            start = end
         ptr = C.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
 
