@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_cli import runner
-from specdec_cli.engine import chat
 from specdec_cli.engine.drafters import ModelDrafter
 from specdec_cli.engine.events import Prefill, Result, Step
-from specdec_cli.engine.sampling import SamplerSettings
 from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, UnsupportedModelError
@@ -55,7 +53,6 @@ class ChatSession:
                 "chat needs one; use `specdec run --raw PROMPT` to continue text instead"
             )
         self.template = info.chat_template
-        self.special = self.pair.target.special_texts()
 
     # ------------------------------------------------------------ settings
     def set(self, key: str, value: str) -> str:
@@ -100,12 +97,7 @@ class ChatSession:
         return runner.chat_messages(user, self.system, self.history)
 
     def _tokens(self, user: str) -> list[int]:
-        text = chat.render(
-            self.template, self._messages(user), bos_token=self.special.bos_text, eos_token=self.special.eos_text
-        )
-        sp = self.special
-        add_special = not (sp.add_bos and sp.bos_text and text.startswith(sp.bos_text))
-        return self.pair.target.tokenize(text, add_special=add_special, parse_special=True)
+        return runner.tokenize_chat(self.pair.target, self.template, self._messages(user))
 
     def prompt_tokens(self, user: str, reserve: int) -> tuple[list[int], int]:
         """The conversation's tokens with room for `reserve` new ones; drops the oldest turns if needed."""
@@ -167,7 +159,3 @@ class ChatSession:
             ),
             "dropped_turns": self.dropped_turns,
         }
-
-
-def with_sampler(temp: float, top_k: int, top_p: float, min_p: float) -> SamplerSettings:
-    return SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)

@@ -358,12 +358,13 @@ def chat(
     from platformdirs import user_data_dir
 
     from specdec_cli import repl, runner
-    from specdec_cli.chat_session import ChatSession, with_sampler
+    from specdec_cli.chat_session import ChatSession
     from specdec_cli.engine import model as model_mod
+    from specdec_cli.engine.sampling import SamplerSettings
     from specdec_cli.engine.speculative import GenerationConfig
 
     model_mod.set_verbose(verbose)
-    stdin, out, err = repl.default_streams()
+    stdin, out, err = sys.stdin, sys.stdout, sys.stderr
     with user_errors():
         choice = runner.choose_models(target, draft, pair, no_draft)
         k = draft_max or choice.draft_max or 4
@@ -372,7 +373,10 @@ def chat(
         )
         try:
             config = GenerationConfig(
-                max_tokens=max_tokens, draft_max=k, sampler=with_sampler(temp, top_k, top_p, min_p), seed=seed
+                max_tokens=max_tokens,
+                draft_max=k,
+                sampler=SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
+                seed=seed,
             )
             session = ChatSession(loaded, config, system=system)
             draft_name = choice.draft.name if choice.draft else "none (target alone)"

@@ -125,10 +125,9 @@ class JsonRenderer(Renderer):
 class PlainRenderer(Renderer):
     """Pipes and NO_COLOR: plain text streamed to stdout, plain summary on stderr."""
 
-    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None, quiet: bool = False) -> None:
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
-        self.quiet = quiet
 
     def event(self, ev: Prefill | Step, stats: Stats) -> None:
         if isinstance(ev, Step):
@@ -139,9 +138,8 @@ class PlainRenderer(Renderer):
     def finish(self, result: Result, stats: Stats, payload: dict[str, Any]) -> None:
         self.out.write("\n")
         self.out.flush()
-        if not self.quiet:
-            self.err.write(summary_text(result, stats, payload["stats"]["tokens_per_second"]) + "\n")
-            self.err.flush()
+        self.err.write(summary_text(result, stats, payload["stats"]["tokens_per_second"]) + "\n")
+        self.err.flush()
 
 
 class LiveRenderer(Renderer):
@@ -371,7 +369,7 @@ class ChatRenderer:
         self.out.flush()
 
 
-def make_chat_renderer(out: IO[str], err: IO[str]) -> ChatRenderer:
+def make_chat_renderer(out: IO[str]) -> ChatRenderer:
     colour = None if (no_color() or not out.isatty()) else Console(file=out, highlight=False)
     return ChatRenderer(out, colour)
 

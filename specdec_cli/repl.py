@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -120,7 +119,7 @@ class Repl:
             previous = signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:  # not the main thread: no Ctrl-C handling
             previous = None
-        renderer = render.make_chat_renderer(self.out, self.err)
+        renderer = render.make_chat_renderer(self.out)
         try:
             for ev in self.session.reply(text, should_stop=lambda: self._stop):
                 if isinstance(ev, Step):
@@ -187,7 +186,3 @@ class Repl:
         else:
             render.error_line(f"unknown command {name}; /help lists them", self.err)
         return None
-
-
-def default_streams() -> tuple[IO[str], IO[str], IO[str]]:
-    return sys.stdin, sys.stdout, sys.stderr

@@ -124,8 +124,13 @@ def tokenize_prompt(model: Model, prompt: str, *, use_chat: bool | None, system:
         if system:
             raise UsageProblem("--system needs the chat template; it cannot be used with --raw")
         return model.tokenize(prompt, add_special=True, parse_special=True), False
+    return tokenize_chat(model, template, chat_messages(prompt, system)), True
+
+
+def tokenize_chat(model: Model, template: str | None, messages: Sequence[dict[str, str]]) -> list[int]:
+    """The conversation through the chat template, ready to generate the assistant's turn."""
     sp = model.special_texts()
-    text = chat.render(template, chat_messages(prompt, system), bos_token=sp.bos_text, eos_token=sp.eos_text)
+    text = chat.render(template, messages, bos_token=sp.bos_text, eos_token=sp.eos_text)
     # Templates that write the BOS text themselves must not get a second BOS.
     add_special = not (sp.add_bos and sp.bos_text and text.startswith(sp.bos_text))
-    return model.tokenize(text, add_special=add_special, parse_special=True), True
+    return model.tokenize(text, add_special=add_special, parse_special=True)

@@ -57,10 +57,12 @@ class ModelDrafter:
         rng: np.random.Generator,
         stop_ids: frozenset[int],
     ) -> tuple[list[int], list[Dist]]:
-        fresh = context[self.model.common_prefix(context) :]
+        keep = min(self.model.common_prefix(context), len(context) - 1)
+        fresh = context[keep:]
         if any(t >= self.model.n_vocab for t in fresh):
             return [], []  # a padded target token the draft cannot read: no draft this step
-        rows = self.model.sync(context)
+        self.model.rollback(keep)
+        rows = self.model.decode(fresh)
         drafted: list[int] = []
         dists: list[Dist] = []
         for j in range(k):

@@ -401,11 +401,12 @@ class Model:
         del self.tokens[n_keep:]
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens the cache already holds (called every step: no Python loop)."""
         n = min(len(tokens), len(self.tokens))
-        i = 0
-        while i < n and self.tokens[i] == tokens[i]:
-            i += 1
-        return i
+        if self.tokens[:n] == list(tokens[:n]):
+            return n
+        diff = np.flatnonzero(np.asarray(self.tokens[:n]) != np.asarray(tokens[:n]))
+        return int(diff[0])
 
     def sync(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Make the cache hold exactly `tokens` and return the last logits.

@@ -39,8 +39,6 @@ from specdec_cli.engine.sampling import (
 )
 from specdec_cli.errors import ContextError
 
-Event = Prefill | Step
-
 
 def _row_dist(rows: np.ndarray, sampler: SamplerSettings, i: int) -> Dist:
     return process(rows[i], sampler)

@@ -18,7 +18,6 @@ class Stats:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
-    emitted: int = 0
     emitted_from_draft: int = 0
     emitted_from_target: int = 0
     drafted_at: list[int] = field(default_factory=list)
@@ -52,7 +51,6 @@ class Stats:
             if i < step.n_accepted:
                 self.accepted_at[i] += 1
         for tok in step.emitted:
-            self.emitted += 1
             if tok.source == DRAFT:
                 self.emitted_from_draft += 1
             else:
@@ -67,7 +65,6 @@ class Stats:
             "drafted",
             "accepted",
             "steps",
-            "emitted",
             "emitted_from_draft",
             "emitted_from_target",
             "t_draft",
@@ -82,6 +79,10 @@ class Stats:
                 self.accepted_at.append(0)
             self.drafted_at[i] += d
             self.accepted_at[i] += a
+
+    @property
+    def emitted(self) -> int:
+        return self.emitted_from_draft + self.emitted_from_target
 
     @property
     def acceptance_rate(self) -> float:
