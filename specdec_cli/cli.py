@@ -247,7 +247,19 @@ def run(
 
 
 def main() -> None:
-    app(prog_name="specdec")
+    """Entry point: Click's own usage errors (unknown option, bad type) become one line too."""
+    from specdec_cli.render import error_line
+
+    try:
+        rv = app(prog_name="specdec", standalone_mode=False)
+    except typer.TyperException as exc:  # Click's UsageError and friends
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        error_line(exc.format_message() + hint)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 @app.command("pair-check")

@@ -142,3 +142,18 @@ def test_unknown_pair() -> None:
 
 def test_raw_with_system_is_usage_error() -> None:
     assert_one_line_error(run("hi", "--raw", "--system", "x", *FAST), 2, "--system")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["run", "hi", "--frobnicate"], "No such option: --frobnicate"), (["run", "hi", "--temp", "abc"], "'--temp'")],
+)
+def test_click_usage_errors_are_one_line_too(args: list[str], needle: str) -> None:
+    """Through the real entry point: Click's own parse errors also end in one `Error:` line, exit 2."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert err.startswith("Error: ") and len(err.splitlines()) == 1 and needle in err, err
