@@ -46,7 +46,7 @@ KEY=$(printf '%s %s' "$LLAMA_CPP_PYTHON_VERSION" "$ARGS" | sha256sum | cut -c1-1
 WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/specdec/wheels/$KEY"
 if ! "$VENV/bin/python" -c "import json,sys,importlib.metadata as m; sys.exit(m.version('llama_cpp_python') != '$LLAMA_CPP_PYTHON_VERSION' or open('$VENV/.llama-build-key').read() != '$KEY')" 2>/dev/null; then
   if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
-    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (about 5 minutes on 2 cores)"
+    say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (several minutes: 5 to 15 on 2 cores)"
     say "CMAKE_ARGS=$ARGS"
     mkdir -p "$WHEELS"
     CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
