@@ -1,6 +1,6 @@
 """Show that the sampling distribution test can fail: plant the classic bug and run it.
 
-    .venv/bin/python -m benchmarks.planted_bug [-n 1200]
+    .venv/bin/python -m benchmarks.planted_bug [-n 1200] [--drafter model|ngram]
 
 Runs tests/distribution.py's chi-square harness twice on the real models: once
 with the engine as it is, once with the residual replaced by p itself (resampling
@@ -15,7 +15,7 @@ import sys
 
 from specdec_cli import packaged
 from specdec_cli.engine import sampling
-from specdec_cli.engine.drafters import ModelDrafter
+from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.model import Model
 from tests import distribution
 
@@ -23,15 +23,23 @@ from tests import distribution
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", "--samples", type=int, default=1200)
+    ap.add_argument("--drafter", choices=("model", "ngram"), default="model")
     args = ap.parse_args()
     target_path = packaged.smollm2_path()
     target = Model(target_path, n_ctx=512, n_threads=2)
-    draft = Model(packaged.derived_draft(target_path, "Q2_K"), n_ctx=512, n_threads=2)
-    ok = distribution.run(target, ModelDrafter(draft), args.samples)
+    drafter: Drafter
+    if args.drafter == "model":
+        drafter, text = (
+            ModelDrafter(Model(packaged.derived_draft(target_path, "Q2_K"), n_ctx=512, n_threads=2)),
+            distribution.PROMPT,
+        )
+    else:
+        drafter, text = NgramDrafter(2, 4), distribution.NGRAM_PROMPT
+    ok = distribution.run(target, drafter, args.samples, text=text)
     real_residual = sampling.residual
     sampling.residual = lambda p, q: p  # the planted bug
     try:
-        bad = distribution.run(target, ModelDrafter(draft), args.samples)
+        bad = distribution.run(target, drafter, args.samples, text=text)
     finally:
         sampling.residual = real_residual
     for label, rs in (("correct residual", ok), ("planted bug (resample from p)", bad)):

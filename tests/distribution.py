@@ -17,6 +17,10 @@ from specdec_cli.engine.speculative import GenerationConfig, generate
 
 SAMPLER = SamplerSettings(temperature=1.0, top_k=20, top_p=1.0, min_p=0.0)
 PROMPT = "My favourite animal is the"
+# For the n-gram drafter: the last two tokens, "is the", occurred before, followed by
+# " cat.", so it proposes " cat" then "." as point masses; the target accepts x with
+# probability p(x) and otherwise resamples from p without x.
+NGRAM_PROMPT = "My favourite animal is the cat. Your favourite animal is the"
 P_THRESHOLD = 1e-3  # a correct engine fails one such test in a thousand
 
 
@@ -52,9 +56,9 @@ def target_dist(target: Model, context: list[int]) -> dict[int, float]:
     return {int(i): float(p) for i, p in zip(d.ids, d.probs, strict=True)}
 
 
-def run(target: Model, drafter: Drafter, n_samples: int, draft_max: int = 2) -> list[ChiSquare]:
+def run(target: Model, drafter: Drafter, n_samples: int, draft_max: int = 2, text: str = PROMPT) -> list[ChiSquare]:
     """Position 1 unconditionally, position 2 given the most likely first token."""
-    prompt = target.tokenize(PROMPT, add_special=True, parse_special=True)
+    prompt = target.tokenize(text, add_special=True, parse_special=True)
     p1 = target_dist(target, prompt)
     mode = max(p1, key=lambda t: p1[t])
     p2 = target_dist(target, prompt + [mode])

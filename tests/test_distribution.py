@@ -12,7 +12,7 @@ p-values far below the threshold: `python -m benchmarks.planted_bug` shows it.
 
 from __future__ import annotations
 
-from specdec_cli.engine.drafters import ModelDrafter
+from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.model import Model
 from tests import distribution
 
@@ -21,6 +21,16 @@ N_SAMPLES = 1200
 
 def test_sampled_tokens_follow_target_distribution(smol: Model, smol_q2k: Model) -> None:
     results = distribution.run(smol, ModelDrafter(smol_q2k), N_SAMPLES)
+    for r in results:
+        assert r.n >= 200, f"too few samples at position {r.position}: {r.n}"
+        assert r.pvalue > distribution.P_THRESHOLD, r
+
+
+def test_sampled_tokens_follow_target_distribution_with_ngram_drafter(smol: Model) -> None:
+    drafter = NgramDrafter(2, 4)
+    drafter.prefill(smol.tokenize(distribution.NGRAM_PROMPT, add_special=True, parse_special=True))
+    assert len(drafter.lookup(2)) == 2, "the prompt must give the drafter something to propose"
+    results = distribution.run(smol, drafter, N_SAMPLES, text=distribution.NGRAM_PROMPT)
     for r in results:
         assert r.n >= 200, f"too few samples at position {r.position}: {r.n}"
         assert r.pvalue > distribution.P_THRESHOLD, r

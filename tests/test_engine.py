@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specdec_cli import prompts as bench_prompts
 from specdec_cli import runner
-from specdec_cli.engine.drafters import ModelDrafter
+from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.events import DRAFT, TARGET
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.sampling import SamplerSettings
@@ -233,3 +234,53 @@ def test_seed_makes_sampled_run_reproducible(smol: Model, smol_q2k: Model) -> No
     c = generate(smol, ModelDrafter(smol_q2k), prompt, GenerationConfig(**{**cfg.__dict__, "seed": 7})).token_ids
     assert a == b
     assert a != c
+
+
+# ------------------------------------------- n-gram drafter and adaptive K
+def _stats(res: object) -> Stats:
+    stats = Stats()
+    for step in res.steps:  # type: ignore[attr-defined]
+        stats.add(step)
+    return stats
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_ngram_greedy_identical_to_target_alone(adaptive: bool, smol: Model) -> None:
+    texts = [p.text for p in bench_prompts.PROMPTS if p.category == bench_prompts.INPUT_GROUNDED][:3] + PROMPTS
+    accepted = 0
+    for text in texts:
+        prompt = chat_tokens(smol, text)
+        base = baseline(smol, prompt, 48)
+        smol.reset()  # so the prefill below decodes exactly len(prompt) - 1 tokens
+        before = smol.decoded_tokens
+        cfg = GenerationConfig(max_tokens=48, draft_max=6, adaptive=adaptive)
+        res = generate(smol, NgramDrafter(2, 4), prompt, cfg)
+        assert res.token_ids == base, f"adaptive={adaptive} prompt {text[:40]!r}"
+        stats = _stats(res)
+        assert stats.accepted <= stats.drafted
+        assert stats.emitted == len(res.token_ids)
+        # No verification batch is wasted: a step with no match decodes one token, not k + 1.
+        assert smol.decoded_tokens - before == (len(prompt) - 1) + sum(len(s.drafted) + 1 for s in res.steps)
+        accepted += stats.accepted
+    assert accepted > 20  # the input-grounded prompts are copied from: real speculation happened
+
+
+def test_ngram_greedy_identical_on_gemma(gemma: Model) -> None:
+    texts = [p.text for p in bench_prompts.PROMPTS][:2] + ["The history of the Roman Empire"]
+    for text in texts:
+        prompt = gemma.tokenize(text, add_special=True, parse_special=True)
+        base = baseline(gemma, prompt, 32)
+        res = generate(gemma, NgramDrafter(1, 3), prompt, GenerationConfig(max_tokens=32, draft_max=8, adaptive=True))
+        assert res.token_ids == base, text[:40]
+
+
+def test_adaptive_k_and_p_min_with_the_draft_model_stay_identical(smol: Model, smol_q2k: Model) -> None:
+    prompt = chat_tokens(smol, PROMPTS[2])
+    base = baseline(smol, prompt, 48)
+    cfg = GenerationConfig(max_tokens=48, draft_max=6, draft_min=1, adaptive=True, draft_p_min=0.6)
+    res = generate(smol, ModelDrafter(smol_q2k), prompt, cfg)
+    assert res.token_ids == base
+    ks = [s.k for s in res.steps]
+    assert len(set(ks)) > 1, "the schedule never moved K"
+    assert all(1 <= k <= 6 for k in ks)
+    assert any(len(s.drafted) < s.k for s in res.steps), "p-min never cut a draft short"

@@ -28,6 +28,7 @@ def make_steps() -> list[Step]:
             (EmittedToken(10, "Hello", DRAFT), EmittedToken(11, ",", DRAFT), EmittedToken(99, " wor", TARGET)),
             0.01,
             0.02,
+            0.0005,
             0.001,
         ),
         Step(
@@ -43,6 +44,7 @@ def make_steps() -> list[Step]:
             ),
             0.01,
             0.02,
+            0.0005,
             0.001,
             "eos",
         ),

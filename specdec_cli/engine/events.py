@@ -33,7 +33,8 @@ class Step:
     emitted: tuple[EmittedToken, ...]
     t_draft: float  # seconds inside the draft model's llama_decode
     t_target: float  # seconds inside the target's llama_decode
-    t_other: float  # everything else in the step: sampling maths, Python
+    t_sample: float  # drafting and verification maths outside llama_decode (sampling, n-gram lookup)
+    t_other: float  # everything else in the step: rollback, detokenizing, the loop itself
     stop: str | None = None  # set on the step that ended generation
 
 

@@ -14,7 +14,9 @@ out of a verification pass. A step:
    catches up on the next `propose` through common-prefix `sync`.
 
 k is capped so that no step can emit past `max_tokens` or run out of context,
-and stop tokens end generation even inside an accepted run.
+and stop tokens end generation even inside an accepted run. With `adaptive`,
+k follows `DraftLength` between `draft_min` and `draft_max`; otherwise it is
+`draft_max` every step. An empty draft makes the step a plain one-token decode.
 """
 
 from __future__ import annotations
@@ -50,13 +52,42 @@ class GenerationConfig:
     draft_max: int = 5
     sampler: SamplerSettings = SamplerSettings()
     seed: int | None = None
+    adaptive: bool = False  # let DraftLength move k between draft_min and draft_max
+    draft_min: int = 1
+    draft_p_min: float = 0.0  # model drafter: stop drafting below this top probability
 
     def validate(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max-tokens must be >= 1, got {self.max_tokens}")
         if self.draft_max < 1:
             raise ValueError(f"draft-max must be >= 1, got {self.draft_max} (use --no-draft to run the target alone)")
+        if not 1 <= self.draft_min <= self.draft_max:
+            raise ValueError(f"draft-min must be in [1, draft-max={self.draft_max}], got {self.draft_min}")
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise ValueError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
         self.sampler.validate()
+
+
+class DraftLength:
+    """The draft length schedule: k up by one after a draft the target accepted
+    whole, down by one after a rejection, within [draft_min, draft_max].
+
+    A draft that stopped short on its own (p-min, no n-gram match) and was
+    accepted whole says nothing about k and leaves it alone. Fixed: draft_max.
+    """
+
+    def __init__(self, config: GenerationConfig) -> None:
+        self.adaptive = config.adaptive
+        self.lo, self.hi = config.draft_min, config.draft_max
+        self.k = self.hi
+
+    def update(self, k: int, n_drafted: int, n_accepted: int) -> None:
+        if not self.adaptive or n_drafted == 0:
+            return
+        if n_accepted < n_drafted:
+            self.k = max(self.lo, self.k - 1)
+        elif n_drafted >= k:
+            self.k = min(self.hi, self.k + 1)
 
 
 class SpeculativeGenerator:
@@ -127,6 +158,7 @@ class SpeculativeGenerator:
         yield res.prefill
 
         context = list(self.prompt)
+        schedule = DraftLength(cfg)
         index = -1
         while True:
             index += 1
@@ -142,24 +174,29 @@ class SpeculativeGenerator:
             remaining = cfg.max_tokens - len(res.token_ids)
             k = 0
             if self.drafter is not None:
-                k = max(0, min(cfg.draft_max, room - 1, remaining - 1))
+                k = max(0, min(schedule.k, room - 1, remaining - 1))
 
-            td0 = self.drafter.decode_seconds() if self.drafter else 0.0
             drafted: list[int] = []
             q_dists: list[Dist] = []
+            t_draft = t_sample = 0.0
             if k > 0:
                 assert self.drafter is not None
-                drafted, q_dists = self.drafter.propose(context, k, cfg.sampler, self.rng, self.eog)
-            t_draft = (self.drafter.decode_seconds() - td0) if self.drafter else 0.0
+                td0, t0 = self.drafter.decode_seconds(), time.perf_counter()
+                drafted, q_dists = self.drafter.propose(context, k, cfg.sampler, self.rng, self.eog, cfg.draft_p_min)
+                t_draft = self.drafter.decode_seconds() - td0
+                t_sample = time.perf_counter() - t0 - t_draft
 
             tt0 = target.decode_seconds
             rows = target.decode([context[-1], *drafted], n_logits=len(drafted) + 1)
+            t_target = target.decode_seconds - tt0
+            t0 = time.perf_counter()
             if cfg.sampler.greedy:
                 n_acc, nxt = verify_greedy(rows.argmax(axis=1), drafted)
             else:
                 n_acc, nxt = verify_sampled(partial(_row_dist, rows, cfg.sampler), drafted, q_dists, self.rng)
+            t_sample += time.perf_counter() - t0
             target.rollback(n_cached + 1 + n_acc)
-            t_target = target.decode_seconds - tt0
+            schedule.update(k, len(drafted), n_acc)
 
             new = drafted[:n_acc] + [nxt]
             emitted, stop = self._emit(new, [DRAFT] * n_acc + [TARGET])
@@ -174,7 +211,8 @@ class SpeculativeGenerator:
                 tuple(emitted),
                 t_draft,
                 t_target,
-                max(0.0, time.perf_counter() - t_step - t_draft - t_target),
+                t_sample,
+                max(0.0, time.perf_counter() - t_step - t_draft - t_target - t_sample),
                 stop,
             )
             res.steps.append(step)

@@ -24,6 +24,7 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)
     t_draft: float = 0.0
     t_target: float = 0.0
+    t_sample: float = 0.0
     t_other: float = 0.0
     t_prefill: float = 0.0
     current_k: int = 0
@@ -57,6 +58,7 @@ class Stats:
                 self.emitted_from_target += 1
         self.t_draft += step.t_draft
         self.t_target += step.t_target
+        self.t_sample += step.t_sample
         self.t_other += step.t_other
 
     def merge(self, other: Stats) -> None:
@@ -69,6 +71,7 @@ class Stats:
             "emitted_from_target",
             "t_draft",
             "t_target",
+            "t_sample",
             "t_other",
             "t_prefill",
         ):
@@ -98,7 +101,7 @@ class Stats:
 
     @property
     def generation_seconds(self) -> float:
-        return self.t_draft + self.t_target + self.t_other
+        return self.t_draft + self.t_target + self.t_sample + self.t_other
 
     def tokens_per_second(self, wall: float | None = None) -> float:
         secs = wall if wall is not None else self.generation_seconds
@@ -122,6 +125,7 @@ class Stats:
                 "prefill": round(self.t_prefill, 6),
                 "draft_decode": round(self.t_draft, 6),
                 "target_decode": round(self.t_target, 6),
+                "sampling": round(self.t_sample, 6),
                 "other": round(self.t_other, 6),
             },
         }

@@ -1,0 +1,122 @@
+"""The n-gram (prompt lookup) drafter and the adaptive draft length, without models."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec_cli.engine.drafters import NgramDrafter
+from specdec_cli.engine.sampling import SamplerSettings
+from specdec_cli.engine.speculative import DraftLength, GenerationConfig
+
+GREEDY = SamplerSettings()
+RNG = np.random.default_rng(0)
+
+
+def lookup(context: list[int], k: int, n_min: int = 2, n_max: int = 4) -> list[int]:
+    d = NgramDrafter(n_min, n_max)
+    d.prefill(context)
+    return d.lookup(k)
+
+
+def reference(context: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Brute force: longest n first, then the latest earlier occurrence, copy (overlapping) k tokens."""
+    end = len(context)
+    for n in range(n_max, n_min - 1, -1):
+        if end <= n:
+            continue
+        key = context[end - n :]
+        for start in range(end - n - 1, -1, -1):
+            if context[start : start + n] == key:
+                ext = list(context)
+                for j in range(k):
+                    ext.append(ext[start + n + j])
+                return ext[end:]
+    return []
+
+
+def test_longest_match_wins_over_a_more_recent_shorter_one() -> None:
+    #           [5 6 7] 8 ...        [6 7] 9 ...          5 6 7 <- end
+    context = [5, 6, 7, 8, 1, 2, 3, 6, 7, 9, 4, 5, 6, 7]
+    assert lookup(context, 2) == [8, 1]  # the 3-gram "5 6 7", not the later 2-gram "6 7"
+
+
+def test_most_recent_match_among_equal_lengths() -> None:
+    context = [1, 2, 30, 31, 1, 2, 40, 41, 1, 2]
+    assert lookup(context, 2) == [40, 41]
+
+
+def test_no_match_gives_an_empty_draft() -> None:
+    assert lookup([1, 2, 3, 4, 5, 6], 4) == []
+    assert lookup([7, 7], 3, n_min=2) == []  # the suffix itself is not a match
+    d = NgramDrafter(2, 4)
+    d.prefill([1, 2, 3])
+    drafted, dists = d.propose([1, 2, 3], 4, GREEDY, RNG, frozenset())
+    assert drafted == [] and dists == []
+
+
+def test_match_at_the_very_end_keeps_copying_its_own_output() -> None:
+    # "a b a b": the match ends right where the suffix starts; the copy runs on into the draft.
+    assert lookup([9, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]
+    assert lookup([3, 3, 3], 4, n_min=1, n_max=2) == [3, 3, 3, 3]
+
+
+def test_shorter_n_is_tried_when_longer_fails() -> None:
+    assert lookup([4, 1, 2, 8, 9, 2], 2, n_min=1, n_max=3) == [8, 9]
+    assert lookup([4, 1, 2, 8, 9, 2], 2, n_min=2, n_max=3) == []
+
+
+def test_sync_extends_or_rebuilds_the_index() -> None:
+    d = NgramDrafter(2, 2)
+    d.prefill([1, 2, 3])
+    d.sync([1, 2, 3, 1, 2])  # grew: extended
+    assert d.lookup(1) == [3]
+    d.sync([5, 2, 3, 9, 2, 3])  # rewritten (a new chat turn): rebuilt from scratch
+    assert d.lookup(2) == [9, 2]
+
+
+def test_propose_returns_point_masses_and_stops_after_a_stop_token() -> None:
+    d = NgramDrafter(2, 4)
+    ctx = [1, 2, 3, 99, 5, 1, 2]
+    d.prefill(ctx)
+    drafted, dists = d.propose(ctx, 4, GREEDY, RNG, frozenset({99}))
+    assert drafted == [3, 99]
+    assert [(list(q.ids), list(q.probs)) for q in dists] == [([3], [1.0]), ([99], [1.0])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), min_size=0, max_size=40),
+    st.integers(1, 6),
+    st.integers(1, 3),
+    st.integers(0, 2),
+)
+def test_lookup_matches_brute_force(context: list[int], k: int, n_min: int, extra: int) -> None:
+    n_max = n_min + extra
+    d = NgramDrafter(n_min, n_max)
+    half = len(context) // 2
+    d.prefill(context[:half])
+    d.sync(context)  # built incrementally, as during generation
+    assert d.lookup(k) == reference(context, k, n_min, n_max)
+
+
+def test_draft_length_schedule() -> None:
+    s = DraftLength(GenerationConfig(draft_max=4, draft_min=2, adaptive=True))
+    assert s.k == 4
+    s.update(4, 4, 1)  # a rejection: down
+    assert s.k == 3
+    s.update(3, 3, 0)
+    s.update(2, 2, 0)  # never below draft-min
+    assert s.k == 2
+    s.update(2, 2, 2)  # fully accepted: up
+    assert s.k == 3
+    s.update(3, 1, 1)  # stopped short on its own and accepted: no news
+    s.update(3, 0, 0)  # nothing drafted: no news
+    assert s.k == 3
+    s.update(3, 3, 3)
+    s.update(4, 4, 4)  # never above draft-max
+    assert s.k == 4
+    fixed = DraftLength(GenerationConfig(draft_max=5))
+    fixed.update(5, 5, 0)
+    assert fixed.k == 5
