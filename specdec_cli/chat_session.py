@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_cli import runner
-from specdec_cli.engine.drafters import ModelDrafter
 from specdec_cli.engine.events import Prefill, Result, Step
 from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator
 from specdec_cli.engine.stats import Stats
@@ -120,7 +119,7 @@ class ChatSession:
         reserve = min(self.config.max_tokens, max(16, self.pair.target.n_ctx // 4))
         tokens, dropped = self.prompt_tokens(user, reserve)
         self.last_dropped = dropped
-        drafter = ModelDrafter(self.pair.draft) if (self.draft_on and self.pair.draft is not None) else None
+        drafter = self.pair.drafter() if self.draft_on else None
         gen = SpeculativeGenerator(self.pair.target, drafter, tokens, self.config, should_stop=should_stop)
         stats = Stats()
         try:
@@ -152,7 +151,7 @@ class ChatSession:
                 "seed": self.config.seed,
                 "draft_max": self.config.draft_max,
                 "max_tokens": self.config.max_tokens,
-                "draft": self.draft_on and self.pair.draft is not None,
+                "drafter": self.pair.drafter_kind if self.draft_on else None,
             },
             "totals": self.totals.as_dict(
                 self.totals.generation_seconds + self.totals.t_prefill, self.totals.generation_seconds

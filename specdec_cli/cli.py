@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
 import os
 import sys
 import traceback
@@ -100,14 +102,61 @@ SeedOpt = Annotated[int | None, typer.Option(help="Seed for a reproducible sampl
 MaxTokensOpt = Annotated[
     int, typer.Option("-n", "--max-tokens", help="Stop after this many tokens.", rich_help_panel="Sampling")
 ]
+# Measured defaults (README, "Drafters and draft length"): see the n-gram benchmark.
+DEFAULT_K = {"model": 4, "ngram": 8}
+DEFAULT_P_MIN = 0.0
+DEFAULT_NGRAM = (2, 4)
+
+
+class DrafterKind(enum.StrEnum):
+    model = "model"
+    ngram = "ngram"
+
+
+DrafterOpt = Annotated[
+    DrafterKind,
+    typer.Option(
+        "--drafter",
+        help="model: the draft model proposes; ngram: copy what followed the latest match of the last "
+        "tokens in the prompt and output (no draft model needed).",
+        rich_help_panel="Speculation",
+    ),
+]
 DraftMaxOpt = Annotated[
     int | None,
     typer.Option(
         "-k",
         "--draft-max",
-        help="Tokens drafted per step (default: the pair's, else 4).",
+        help=f"Most tokens drafted per step (default: the pair's, else {DEFAULT_K['model']}; ngram {DEFAULT_K['ngram']}).",
         rich_help_panel="Speculation",
     ),
+]
+DraftMinOpt = Annotated[
+    int, typer.Option("--draft-min", help="Fewest tokens the adaptive schedule drafts.", rich_help_panel="Speculation")
+]
+FixedKOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fixed-k",
+        help="Draft --draft-max tokens every step, instead of raising K after fully accepted drafts and "
+        "lowering it after rejections.",
+        rich_help_panel="Speculation",
+    ),
+]
+DraftPMinOpt = Annotated[
+    float,
+    typer.Option(
+        "--draft-p-min",
+        help="Draft model: stop a draft where its top token's probability is below this (0 = off).",
+        rich_help_panel="Speculation",
+    ),
+]
+NgramMinOpt = Annotated[
+    int, typer.Option("--ngram-min", help="Shortest n-gram the ngram drafter matches.", rich_help_panel="Speculation")
+]
+NgramMaxOpt = Annotated[
+    int,
+    typer.Option("--ngram-max", help="Longest n-gram the ngram drafter tries first.", rich_help_panel="Speculation"),
 ]
 CtxOpt = Annotated[
     int, typer.Option("--ctx-size", help="Context window in tokens, for each model.", rich_help_panel="Runtime")
@@ -117,6 +166,58 @@ GpuOpt = Annotated[int, typer.Option(help="Target layers to offload to a GPU.", 
 DraftGpuOpt = Annotated[int, typer.Option(help="Draft layers to offload to a GPU.", rich_help_panel="Runtime")]
 SystemOpt = Annotated[str | None, typer.Option(help="System prompt (with the chat template).")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's own log.")]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecOptions:
+    """The speculation options run and chat share, checked once."""
+
+    drafter: str
+    draft_max: int | None
+    draft_min: int
+    fixed_k: bool
+    draft_p_min: float
+    ngram_min: int
+    ngram_max: int
+
+    def validate(self) -> None:
+        if self.draft_min < 1:
+            raise _usage(f"--draft-min must be >= 1, got {self.draft_min}")
+        if self.draft_max is not None and self.draft_min > self.draft_max:
+            raise _usage(f"--draft-min ({self.draft_min}) is larger than --draft-max ({self.draft_max})")
+        if not 0 <= self.draft_p_min < 1:
+            raise _usage(f"--draft-p-min must be in [0, 1), got {self.draft_p_min}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise _usage(f"need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min} and {self.ngram_max}")
+
+    def k(self, pair_k: int | None) -> int:
+        if self.draft_max is not None:
+            return self.draft_max
+        if self.drafter == "ngram":
+            return DEFAULT_K["ngram"]
+        return pair_k or DEFAULT_K["model"]
+
+    def config(self, pair_k: int | None, **kw: Any) -> Any:
+        from specdec_cli.engine.speculative import GenerationConfig
+
+        k = self.k(pair_k)
+        return GenerationConfig(
+            draft_max=k,
+            draft_min=min(self.draft_min, k),
+            adaptive=not self.fixed_k,
+            draft_p_min=self.draft_p_min,
+            **kw,
+        )
+
+    def settings(self, k: int, has_drafter: bool) -> dict[str, Any]:
+        return {
+            "drafter": self.drafter if has_drafter else None,
+            "draft_max": k if has_drafter else 0,
+            "draft_min": self.draft_min,
+            "adaptive_k": not self.fixed_k,
+            "draft_p_min": self.draft_p_min,
+            "ngram": [self.ngram_min, self.ngram_max] if self.drafter == "ngram" else None,
+        }
 
 
 def _validate(
@@ -159,7 +260,13 @@ def run(
     min_p: MinPOpt = 0.05,
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = 256,
+    drafter: DrafterOpt = DrafterKind.model,
     draft_max: DraftMaxOpt = None,
+    draft_min: DraftMinOpt = 1,
+    fixed_k: FixedKOpt = False,
+    draft_p_min: DraftPMinOpt = DEFAULT_P_MIN,
+    ngram_min: NgramMinOpt = DEFAULT_NGRAM[0],
+    ngram_max: NgramMaxOpt = DEFAULT_NGRAM[1],
     ctx_size: CtxOpt = 4096,
     threads: ThreadsOpt = None,
     gpu_layers: GpuOpt = 0,
@@ -180,27 +287,36 @@ def run(
 ) -> None:
     """Generate once, with live acceptance stats."""
     _validate(temp, draft_max, max_tokens, ctx_size, top_k, top_p, min_p, threads)
+    spec = SpecOptions(drafter.value, draft_max, draft_min, fixed_k, draft_p_min, ngram_min, ngram_max)
+    spec.validate()
     text = _read_prompt(prompt)
 
     from specdec_cli import runner
     from specdec_cli.engine import model as model_mod
     from specdec_cli.engine.sampling import SamplerSettings
-    from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator
+    from specdec_cli.engine.speculative import SpeculativeGenerator
     from specdec_cli.engine.stats import Stats
     from specdec_cli.render import make_renderer
 
     model_mod.set_verbose(verbose)
-    renderer = make_renderer(json_out)
+    renderer = make_renderer(
+        json_out, title=f"speculation ({drafter.value} drafter)" if not no_draft else "target alone"
+    )
     loaded = None
     with user_errors(renderer.abort):
-        choice = runner.choose_models(target, draft, pair, no_draft)
-        k = draft_max or choice.draft_max or 4
+        choice = runner.choose_models(target, draft, pair, no_draft, drafter=spec.drafter)
+        k = spec.k(choice.draft_max)
         loaded = runner.load_pair(
-            choice, n_ctx=ctx_size, n_threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers
+            choice,
+            n_ctx=ctx_size,
+            n_threads=threads,
+            gpu_layers=gpu_layers,
+            draft_gpu_layers=draft_gpu_layers,
+            ngram=(ngram_min, ngram_max),
         )
         tokens, used_chat = runner.tokenize_prompt(loaded.target, text, use_chat=chat, system=system)
         sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-        config = GenerationConfig(max_tokens=max_tokens, draft_max=k, sampler=sampler, seed=seed)
+        config = spec.config(choice.draft_max, max_tokens=max_tokens, sampler=sampler, seed=seed)
         gen = SpeculativeGenerator(loaded.target, loaded.drafter(), tokens, config)
         stats = Stats()
         renderer.start()
@@ -232,7 +348,7 @@ def run(
                 "min_p": min_p,
                 "seed": seed,
                 "max_tokens": max_tokens,
-                "draft_max": k if choice.draft else 0,
+                **spec.settings(k, loaded.drafter_kind is not None),
                 "ctx_size": ctx_size,
                 "threads": threads,
                 "chat_template": used_chat,
@@ -356,7 +472,13 @@ def chat(
     min_p: MinPOpt = 0.05,
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = 512,
+    drafter: DrafterOpt = DrafterKind.model,
     draft_max: DraftMaxOpt = None,
+    draft_min: DraftMinOpt = 1,
+    fixed_k: FixedKOpt = False,
+    draft_p_min: DraftPMinOpt = DEFAULT_P_MIN,
+    ngram_min: NgramMinOpt = DEFAULT_NGRAM[0],
+    ngram_max: NgramMaxOpt = DEFAULT_NGRAM[1],
     ctx_size: CtxOpt = 4096,
     threads: ThreadsOpt = None,
     gpu_layers: GpuOpt = 0,
@@ -366,6 +488,8 @@ def chat(
 ) -> None:
     """Talk to a target/draft pair, turn by turn (/help inside lists the commands)."""
     _validate(temp, draft_max, max_tokens, ctx_size, top_k, top_p, min_p, threads)
+    spec = SpecOptions(drafter.value, draft_max, draft_min, fixed_k, draft_p_min, ngram_min, ngram_max)
+    spec.validate()
 
     from platformdirs import user_data_dir
 
@@ -373,25 +497,34 @@ def chat(
     from specdec_cli.chat_session import ChatSession
     from specdec_cli.engine import model as model_mod
     from specdec_cli.engine.sampling import SamplerSettings
-    from specdec_cli.engine.speculative import GenerationConfig
 
     model_mod.set_verbose(verbose)
     stdin, out, err = sys.stdin, sys.stdout, sys.stderr
     with user_errors():
-        choice = runner.choose_models(target, draft, pair, no_draft)
-        k = draft_max or choice.draft_max or 4
+        choice = runner.choose_models(target, draft, pair, no_draft, drafter=spec.drafter)
         loaded = runner.load_pair(
-            choice, n_ctx=ctx_size, n_threads=threads, gpu_layers=gpu_layers, draft_gpu_layers=draft_gpu_layers
+            choice,
+            n_ctx=ctx_size,
+            n_threads=threads,
+            gpu_layers=gpu_layers,
+            draft_gpu_layers=draft_gpu_layers,
+            ngram=(ngram_min, ngram_max),
         )
         try:
-            config = GenerationConfig(
+            config = spec.config(
+                choice.draft_max,
                 max_tokens=max_tokens,
-                draft_max=k,
                 sampler=SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p),
                 seed=seed,
             )
             session = ChatSession(loaded, config, system=system)
-            draft_name = choice.draft.name if choice.draft else "none (target alone)"
+            draft_name = (
+                choice.draft.name
+                if choice.draft
+                else "n-gram lookup (no draft model)"
+                if loaded.ngram
+                else "none (target alone)"
+            )
             err.write(
                 f"specdec chat: target {choice.target.name}, draft {draft_name}. /help for commands, /exit or Ctrl-D to leave.\n"
             )
@@ -399,3 +532,119 @@ def chat(
             repl.Repl(session, out, err, reader).run()
         finally:
             loaded.close()
+
+
+@app.command()
+def bench(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    pair: PairOpt = None,
+    configs: Annotated[
+        str,
+        typer.Option(
+            "--configs",
+            help="Comma-separated configurations: target (alone), model:K or ngram:K (fixed K), "
+            "model:auto or ngram:auto (adaptive K up to --draft-max / --ngram-draft-max).",
+        ),
+    ] = "target,model:1,model:2,model:4,model:auto,ngram:auto",
+    prompts: Annotated[
+        Path | None,
+        typer.Option("--prompts", help='JSONL file, one {"prompt": ..., "category": ..., "name": ...} per line.'),
+    ] = None,
+    category: Annotated[str | None, typer.Option(help="Only the prompts of this category.")] = None,
+    repeats: Annotated[int, typer.Option(help="Runs of every prompt under every configuration.")] = 2,
+    warmup: Annotated[int, typer.Option(help="Warm-up rounds (discarded).")] = 1,
+    max_tokens: MaxTokensOpt = 128,
+    draft_max: Annotated[
+        int | None, typer.Option("--draft-max", help="K limit of model:auto (default: the pair's, else 4).")
+    ] = None,
+    ngram_draft_max: Annotated[int, typer.Option("--ngram-draft-max", help="K limit of ngram:auto.")] = DEFAULT_K[
+        "ngram"
+    ],
+    draft_p_min: DraftPMinOpt = DEFAULT_P_MIN,
+    ngram_min: NgramMinOpt = DEFAULT_NGRAM[0],
+    ngram_max: NgramMaxOpt = DEFAULT_NGRAM[1],
+    temp: TempOpt = 0.0,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    seed: SeedOpt = None,
+    ctx_size: CtxOpt = 2048,
+    threads: ThreadsOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Measure configurations of one pair side by side: speed, speedup, acceptance, where the time goes."""
+    _validate(temp, draft_max, max_tokens, ctx_size, top_k, top_p, min_p, threads)
+    if repeats < 1 or warmup < 0:
+        raise _usage("--repeats must be >= 1 and --warmup >= 0")
+    spec = SpecOptions("model", draft_max, 1, False, draft_p_min, ngram_min, ngram_max)
+    spec.validate()
+    if ngram_draft_max < 1:
+        raise _usage(f"--ngram-draft-max must be >= 1, got {ngram_draft_max}")
+
+    import json
+
+    from specdec_cli import bench as bench_mod
+    from specdec_cli import render, runner
+    from specdec_cli.engine import model as model_mod
+    from specdec_cli.engine.sampling import SamplerSettings
+
+    model_mod.set_verbose(verbose)
+    with user_errors():
+        prompt_set = bench_mod.load_prompts(prompts, category)
+        # --target alone is enough for target and ngram configurations.
+        drafter = "ngram" if (target and not draft) else "model"
+        choice = runner.choose_models(target, draft, pair, False, drafter=drafter)
+        cfgs = bench_mod.parse_configs(configs, spec.k(choice.draft_max), ngram_draft_max)
+        if any(c.drafter == "model" for c in cfgs):
+            if choice.draft is None:
+                raise bench_mod.BenchInputError("model configurations need a draft model: give --draft or --pair")
+        else:
+            choice = dataclasses.replace(choice, draft=None, drafter=None)  # do not load it
+        loaded = runner.load_pair(
+            choice, n_ctx=ctx_size, n_threads=threads, gpu_layers=0, draft_gpu_layers=0, ngram=(ngram_min, ngram_max)
+        )
+        try:
+            sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+            with render.bench_progress(len(prompt_set) * len(cfgs) * repeats, enabled=not json_out) as advance:
+                result = bench_mod.run_bench(
+                    loaded,
+                    prompt_set,
+                    cfgs,
+                    repeats=repeats,
+                    warmup=warmup,
+                    max_tokens=max_tokens,
+                    sampler=sampler,
+                    seed=seed,
+                    draft_p_min=draft_p_min,
+                    ngram=(ngram_min, ngram_max),
+                    on_run=advance,
+                )
+        finally:
+            loaded.close()
+    summaries = result.summaries()
+    if json_out:
+        payload = {
+            "models": {"target": str(choice.target), "draft": str(choice.draft) if choice.draft else None},
+            "settings": {
+                "configs": [c.__dict__ for c in cfgs],
+                "prompts": len(prompt_set),
+                "repeats": repeats,
+                "warmup": warmup,
+                "max_tokens": max_tokens,
+                "temperature": temp,
+                "top_k": top_k,
+                "top_p": top_p,
+                "min_p": min_p,
+                "seed": seed,
+                "draft_p_min": draft_p_min,
+                "ngram": [ngram_min, ngram_max],
+                "threads": threads,
+                "ctx_size": ctx_size,
+            },
+            "results": [s.as_dict() for s in summaries],
+        }
+        typer.echo(json.dumps(payload))
+    else:
+        render.bench_report(summaries, greedy=result.greedy)

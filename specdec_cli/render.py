@@ -13,10 +13,12 @@ still sees every token as it arrives.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -147,7 +149,8 @@ class LiveRenderer(Renderer):
 
     REFRESH_SECONDS = 0.1
 
-    def __init__(self, out: Console, err: Console, *, live_panel: bool = True) -> None:
+    def __init__(self, out: Console, err: Console, *, live_panel: bool = True, title: str = "speculation") -> None:
+        self.title = title
         self.out = out
         self.err = err
         self.live_panel = live_panel
@@ -163,7 +166,7 @@ class LiveRenderer(Renderer):
         items: list[Any] = []
         if self.out_is_err_screen:
             items.append(self.line)
-        items.append(stats_table(self._stats, tokens_per_second=tps))
+        items.append(stats_table(self._stats, tokens_per_second=tps, title=self.title))
         items.append(by_position(self._stats))
         return Group(*items)
 
@@ -227,12 +230,14 @@ class LiveRenderer(Renderer):
         self.out.print()
         self.out.file.flush()
         tps = payload["stats"]["tokens_per_second"]
-        self.err.print(stats_table(stats, tokens_per_second=tps))
+        self.err.print(stats_table(stats, tokens_per_second=tps, title=self.title))
         self.err.print(by_position(stats))
         self.err.print(f"stop: {STOP_REASONS.get(result.stop_reason, result.stop_reason)}", highlight=False)
 
 
-def make_renderer(json_mode: bool, out: IO[str] | None = None, err: IO[str] | None = None) -> Renderer:
+def make_renderer(
+    json_mode: bool, out: IO[str] | None = None, err: IO[str] | None = None, title: str = "speculation"
+) -> Renderer:
     out = out or sys.stdout
     err = err or sys.stderr
     if json_mode:
@@ -241,7 +246,7 @@ def make_renderer(json_mode: bool, out: IO[str] | None = None, err: IO[str] | No
         return PlainRenderer(out, err)
     out_console = Console(file=out, highlight=False)
     err_console = Console(file=err, highlight=False)
-    return LiveRenderer(out_console, err_console, live_panel=err.isatty())
+    return LiveRenderer(out_console, err_console, live_panel=err.isatty(), title=title)
 
 
 def error_line(message: str, err: IO[str] | None = None) -> None:
@@ -395,3 +400,70 @@ def session_stats(stats: Stats, turns: int) -> str:
         f"({_pct(stats.acceptance_rate) if stats.drafted else '-'}), {stats.tokens_per_step:.2f} tokens/pass, "
         f"{tps:.1f} tokens/s\nacceptance by draft position: {pos}"
     )
+
+
+# --------------------------------------------------------------------- bench
+@contextlib.contextmanager
+def bench_progress(total: int, *, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A transient progress bar on stderr; yields the function that advances it."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda _label: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
+        task = progress.add_task("bench", total=total)
+
+        def advance(label: str) -> None:
+            progress.update(task, advance=1, description=f"bench {label}")
+
+        yield advance
+
+
+def bench_report(summaries: list[Any], *, greedy: bool, console: Console | None = None) -> None:
+    """The bench table (`bench.Summary` rows) and acceptance by draft position."""
+    console = console or Console(highlight=False, no_color=no_color())
+    t = Table(title="specdec bench", title_justify="left", header_style="bold")
+    cols = ["config", "prompts", "tokens/s median (min-max)", "speedup", "same output" if greedy else None]
+    cols += ["accept %", "tokens/pass", "target | draft | maths | other", "overhead"]
+    for col in cols:
+        if col is not None:
+            t.add_column(col, justify="left" if col in ("config", "prompts") else "right")
+    last_cat = None
+    for s in summaries:
+        if last_cat is not None and s.category != last_cat:
+            t.add_section()
+        last_cat = s.category
+        same = (
+            "-" if s.identical is None else Text("yes", style="green") if s.identical else Text("NO", style="bold red")
+        )
+        split = " | ".join(f"{100 * s.split[k]:.0f}%" for k in ("target_decode", "draft_decode", "sampling", "other"))
+        row: list[Any] = [
+            s.config,
+            s.category,
+            f"{s.tps_median:.1f} ({s.tps_min:.1f}-{s.tps_max:.1f})",
+            "-" if s.speedup is None else f"{s.speedup:.2f}x",
+        ]
+        if greedy:
+            row.append(same)
+        row += [
+            "-" if s.acceptance_rate is None else _pct(s.acceptance_rate),
+            f"{s.tokens_per_step:.2f}",
+            split,
+            f"{100 * s.overhead_fraction:.1f}%",
+        ]
+        t.add_row(*row)
+    console.print(t)
+    shown = set()
+    for s in summaries:
+        if s.accepted_by_position and s.config not in shown and s.category == summaries[-1].category:
+            shown.add(s.config)
+            pos = " ".join(f"{i}:{_pct(r)}" for i, r in enumerate(s.accepted_by_position, start=1))
+            console.print(f"{s.config}: acceptance by draft position {pos}", highlight=False)

@@ -168,8 +168,8 @@ class Repl:
             if arg not in ("on", "off"):
                 render.error_line("usage: /draft on|off", self.err)
                 return None
-            if arg == "on" and s.pair.draft is None:
-                render.error_line("no draft model loaded (started with --no-draft)", self.err)
+            if arg == "on" and s.pair.drafter_kind is None:
+                render.error_line("no drafter (started with --no-draft)", self.err)
                 return None
             s.draft_on = arg == "on"
             self.say(f"(speculation {arg})")

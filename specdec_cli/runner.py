@@ -11,7 +11,7 @@ from pathlib import Path
 
 from specdec_cli import pairs, registry
 from specdec_cli.engine import chat
-from specdec_cli.engine.drafters import ModelDrafter
+from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.model import Model, check_gguf_file
 from specdec_cli.errors import IncompatiblePairError, SpecdecError
 
@@ -22,12 +22,18 @@ class UsageProblem(SpecdecError):
     exit_code = 2
 
 
+MODEL = "model"
+NGRAM = "ngram"
+DRAFTERS = (MODEL, NGRAM)
+
+
 @dataclass(frozen=True)
 class ModelChoice:
     target: Path
     draft: Path | None
     pair: str | None
     draft_max: int | None  # the pair's recommended K, when a pair was used
+    drafter: str | None = MODEL  # MODEL (needs `draft`), NGRAM, or None: the target alone
 
 
 def choose_models(
@@ -36,22 +42,33 @@ def choose_models(
     pair: str | None,
     no_draft: bool,
     models_toml: Path | None = None,
+    drafter: str = MODEL,
 ) -> ModelChoice:
     if pair and (target or draft):
         raise UsageProblem("--pair cannot be combined with --target/--draft")
     if draft and no_draft:
         raise UsageProblem("--draft and --no-draft contradict each other")
+    if drafter == NGRAM:
+        if no_draft:
+            raise UsageProblem("--drafter ngram and --no-draft contradict each other")
+        if draft:
+            raise UsageProblem("--drafter ngram uses no draft model: drop --draft")
     if target or draft:
         if not target:
             raise UsageProblem("--draft needs --target (the model whose output you want)")
+        if drafter == NGRAM:
+            return ModelChoice(check_gguf_file(target), None, None, None, NGRAM)
         if not draft and not no_draft:
-            raise UsageProblem("--target needs --draft DRAFT, or --no-draft to run it alone")
-        return ModelChoice(check_gguf_file(target), check_gguf_file(draft) if draft else None, None, None)
+            raise UsageProblem("--target needs --draft DRAFT, --drafter ngram, or --no-draft to run it alone")
+        d = check_gguf_file(draft) if draft else None
+        return ModelChoice(check_gguf_file(target), d, None, None, MODEL if d else None)
     reg = registry.load(models_toml)
     entry = reg.get(pair) if pair else reg.default_pair()
     t = registry.resolve(entry.target, entry.name)
+    if drafter == NGRAM:
+        return ModelChoice(t, None, entry.name, None, NGRAM)
     d = None if no_draft else registry.resolve(entry.draft, entry.name)
-    return ModelChoice(t, d, entry.name, entry.draft_max)
+    return ModelChoice(t, d, entry.name, entry.draft_max, MODEL if d else None)
 
 
 def check_pair(target: Path, draft: Path) -> pairs.Verdict:
@@ -72,8 +89,16 @@ def check_pair(target: Path, draft: Path) -> pairs.Verdict:
 class LoadedPair:
     target: Model
     draft: Model | None
+    ngram: tuple[int, int] | None = None  # (n_min, n_max) for the n-gram drafter
 
-    def drafter(self) -> ModelDrafter | None:
+    @property
+    def drafter_kind(self) -> str | None:
+        return NGRAM if self.ngram else MODEL if self.draft is not None else None
+
+    def drafter(self) -> Drafter | None:
+        """A fresh drafter for one generation (None: the target alone)."""
+        if self.ngram:
+            return NgramDrafter(*self.ngram)
         return ModelDrafter(self.draft) if self.draft is not None else None
 
     def close(self) -> None:
@@ -89,6 +114,7 @@ def load_pair(
     n_threads: int | None,
     gpu_layers: int,
     draft_gpu_layers: int,
+    ngram: tuple[int, int] = (2, 4),
 ) -> LoadedPair:
     if choice.draft is not None and choice.draft.resolve() != choice.target.resolve():
         check_pair(choice.target, choice.draft)
@@ -100,7 +126,7 @@ def load_pair(
     except BaseException:
         target.close()
         raise
-    return LoadedPair(target, draft)
+    return LoadedPair(target, draft, ngram if choice.drafter == NGRAM else None)
 
 
 def chat_messages(prompt: str, system: str | None, history: Sequence[dict[str, str]] = ()) -> list[dict[str, str]]:

@@ -125,6 +125,10 @@ def test_prompt_longer_than_context() -> None:
         (["--temp", "-0.5"], "--temp"),
         (["--max-tokens", "0"], "--max-tokens"),
         (["--top-p", "0"], "--top-p"),
+        (["--draft-min", "5", "--draft-max", "3"], "--draft-min"),
+        (["--draft-p-min", "1.5"], "--draft-p-min"),
+        (["--ngram-min", "3", "--ngram-max", "2"], "--ngram-min"),
+        (["--drafter", "ngram", "--no-draft"], "--no-draft"),
     ],
 )
 def test_usage_errors_exit_2(args: list[str], needle: str) -> None:
@@ -133,6 +137,9 @@ def test_usage_errors_exit_2(args: list[str], needle: str) -> None:
 
 def test_contradictory_model_options(smol_path: Path) -> None:
     assert_one_line_error(run("hi", "--target", str(smol_path)), 2, "--draft")
+    assert_one_line_error(
+        run("hi", "--drafter", "ngram", "--target", str(smol_path), "--draft", str(smol_path)), 2, "--draft"
+    )
     assert_one_line_error(run("hi", "--pair", "x", "--target", str(smol_path)), 2, "--pair")
 
 
@@ -157,3 +164,67 @@ def test_click_usage_errors_are_one_line_too(args: list[str], needle: str) -> No
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert err.startswith("Error: ") and len(err.splitlines()) == 1 and needle in err, err
+
+
+# ------------------------------------------------------------ n-gram drafter
+def test_ngram_drafter_json_adds_up_and_matches_target_alone(smol_path: Path) -> None:
+    text = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."
+    spec = run_json(text, "-n", "40", "--drafter", "ngram")
+    base = run_json(text, "-n", "40", "--no-draft")
+    assert spec["token_ids"] == base["token_ids"]
+    assert spec["models"]["draft"] is None
+    st = spec["settings"]
+    assert st["drafter"] == "ngram" and st["ngram"] == [2, 4] and st["adaptive_k"] is True
+    s = spec["stats"]
+    assert 0 < s["accepted"] <= s["drafted"]
+    assert s["emitted_from_draft"] + s["emitted_from_target"] == spec["n_tokens"]
+    assert s["seconds"]["draft_decode"] == 0.0
+    # --target alone is enough for the n-gram drafter
+    own = run_json(text, "-n", "8", "--drafter", "ngram", "--target", str(smol_path), "--fixed-k", "-k", "3")
+    assert own["token_ids"] == base["token_ids"][:8] and own["settings"]["adaptive_k"] is False
+
+
+# --------------------------------------------------------------------- bench
+def bench(*args: str) -> Any:
+    return runner.invoke(app, ["bench", *args])
+
+
+def test_bench_json_compares_configurations_side_by_side() -> None:
+    res = bench(
+        "--configs", "target,ngram:auto,model:2", "--category", "input-grounded", "--repeats", "1", "--warmup", "0",
+        "-n", "24", "--threads", "2", "--ctx-size", "1024", "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    out = json.loads(res.stdout)
+    rows = {r["config"]: r for r in out["results"]}
+    assert set(rows) == {"target", "ngram:auto", "model:2"}
+    assert rows["target"]["speedup"] == pytest.approx(1.0)
+    for name in ("ngram:auto", "model:2"):
+        r = rows[name]
+        assert r["identical"] is True  # greedy: the same tokens as the target alone
+        assert r["runs"] == 5 and r["tokens"] == rows["target"]["tokens"]
+        assert 0 <= r["acceptance_rate"] <= 1
+        assert sum(r["split"].values()) == pytest.approx(1.0, abs=1e-3)
+        assert 0 <= r["overhead_fraction"] < 1
+    assert rows["ngram:auto"]["split"]["draft_decode"] == 0
+    assert rows["model:2"]["split"]["draft_decode"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--configs", "model:zero"], "model:zero"),
+        (["--configs", "eagle:3"], "eagle:3"),
+        (["--configs", "target,target"], "twice"),
+        (["--category", "no-such"], "no-such"),
+    ],
+)
+def test_bench_bad_configs(args: list[str], needle: str) -> None:
+    assert_one_line_error(bench(*args), 2, needle)
+
+
+def test_bench_bad_prompts_file(tmp_path: Path) -> None:
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
+    assert_one_line_error(bench("--prompts", str(f)), 2, "line 2")
+    assert_one_line_error(bench("--prompts", str(tmp_path / "missing.jsonl")), 2, "missing.jsonl")
