@@ -134,10 +134,10 @@ class Summary:
     speedup: float | None
     identical: bool | None  # greedy: every run's tokens equal the target alone's
     acceptance_rate: float | None
-    tokens_per_step: float
+    tokens_per_step: float | None  # None for llama.cpp's runs (it does not say)
     accepted_by_position: list[float]
-    split: dict[str, float]  # fractions of generation time
-    overhead_fraction: float
+    split: dict[str, float]  # fractions of generation time (empty for llama.cpp's runs)
+    overhead_fraction: float | None
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -146,7 +146,7 @@ class Summary:
                 d[key] = round(d[key], 4)
         d["accepted_by_position"] = [round(x, 4) for x in self.accepted_by_position]
         d["split"] = {k: round(v, 4) for k, v in self.split.items()}
-        d["overhead_fraction"] = round(self.overhead_fraction, 4)
+        d["overhead_fraction"] = None if self.overhead_fraction is None else round(self.overhead_fraction, 4)
         return d
 
 
@@ -289,3 +289,183 @@ def run_bench(
                 if on_run is not None:
                     on_run(f"{cfg.name} / {p.name}")
     return result
+
+
+# ------------------------------------------------- llama.cpp's own C++ loop
+LLAMA_TOOLS = {runner.MODEL: "llama-speculative-simple", runner.NGRAM: "llama-lookup"}
+
+
+@dataclass
+class ExternalRun:
+    config: str
+    category: str
+    n_tokens: int
+    seconds: float
+    drafted: int
+    accepted: int
+
+
+def llama_cpp_command(
+    bin_dir: Path,
+    cfg: BenchConfig,
+    target: Path,
+    draft: Path | None,
+    text: str,
+    *,
+    max_tokens: int,
+    threads: int,
+    ctx: int,
+) -> list[str]:
+    """The same pair, prompt text, K and greedy settings, and the same kernels (no repacking, no flash attention)."""
+    tool = bin_dir / LLAMA_TOOLS[cfg.drafter or ""]
+    cmd = [str(tool), "-m", str(target), "-p", text, "-n", str(max_tokens), "--temp", "0", "-t", str(threads)]
+    cmd += ["-c", str(ctx), "-fa", "off", "--no-repack", "--spec-draft-n-max", str(cfg.k)]
+    if cfg.drafter == runner.MODEL:
+        assert draft is not None
+        cmd += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads)]
+        cmd += ["--spec-draft-p-min", "0.75" if cfg.adaptive else "0"]  # llama.cpp's own adaptivity is p-min
+    return cmd
+
+
+def parse_llama_cpp(output: str) -> tuple[int, float, int, int]:
+    import re
+
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", output)
+    d = re.search(r"n_drafted\s*=\s*(\d+)", output)
+    a = re.search(r"n_accept\s*=\s*(\d+)", output)
+    if not (m and d and a):
+        raise SpecdecError("could not read llama.cpp's speed from its output: " + output.strip()[-300:])
+    return int(m.group(1)), float(m.group(2)), int(d.group(1)), int(a.group(1))
+
+
+def run_llama_cpp(
+    bin_dir: Path,
+    pair: runner.LoadedPair,
+    target: Path,
+    draft: Path | None,
+    prompts: list[BenchPrompt],
+    configs: list[BenchConfig],
+    *,
+    repeats: int,
+    max_tokens: int,
+    threads: int,
+    on_run: Callable[[str], None] | None = None,
+) -> list[ExternalRun]:
+    import os
+    import subprocess
+
+    from specdec_cli.engine import chat
+
+    runs: list[ExternalRun] = []
+    # llama-lookup has no adaptive K: ngram:auto would repeat its largest fixed-K run.
+    wanted = [c for c in configs if c.drafter in LLAMA_TOOLS and not (c.drafter == runner.NGRAM and c.adaptive)]
+    for c in wanted:
+        tool = bin_dir / LLAMA_TOOLS[c.drafter or ""]
+        if not os.access(tool, os.X_OK):
+            raise BenchInputError(f"--llama-cpp-bin: {tool} not found (scripts/build-llama-cpp-tools.sh builds it)")
+    info = pair.target.info()
+    sp = pair.target.special_texts()
+    env = {**os.environ, "GGML_CPU_TILED_MM": "0"}
+    for rep in range(repeats):
+        for p in prompts:
+            text = p.text
+            if info.chat_template:  # the same rendered prompt specdec tokenizes
+                text = chat.render(
+                    info.chat_template, runner.chat_messages(p.text, None), bos_token=sp.bos_text, eos_token=sp.eos_text
+                )
+                if sp.add_bos and sp.bos_text and text.startswith(sp.bos_text):
+                    text = text[len(sp.bos_text) :]
+            for c in wanted:
+                cmd = llama_cpp_command(
+                    bin_dir, c, target, draft, text, max_tokens=max_tokens, threads=threads, ctx=pair.target.n_ctx
+                )
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+                if proc.returncode != 0:
+                    raise SpecdecError(
+                        f"{Path(cmd[0]).name} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
+                    )
+                n, secs, drafted, accepted = parse_llama_cpp(proc.stdout + proc.stderr)
+                runs.append(ExternalRun(f"llama.cpp {c.name}", p.category, n, secs, drafted, accepted))
+                if on_run is not None:
+                    on_run(f"llama.cpp {c.name} / {p.name} ({rep + 1})")
+    return runs
+
+
+def summarise_external(runs: list[ExternalRun], records: list[RunRecord], prompts: list[BenchPrompt]) -> list[Summary]:
+    cats = sorted({p.category for p in prompts})
+    groups = [*cats, "all"] if len(cats) > 1 else cats
+    out = []
+    for cat in groups:
+        base = [r for r in records if r.config == TARGET_ONLY and (cat == "all" or r.category == cat)]
+        base_tps = sum(len(r.token_ids) for r in base) / sum(r.seconds for r in base) if base else None
+        for name in dict.fromkeys(r.config for r in runs):
+            rs = [r for r in runs if r.config == name and (cat == "all" or r.category == cat)]
+            if not rs:
+                continue
+            tokens, seconds = sum(r.n_tokens for r in rs), sum(r.seconds for r in rs)
+            tps = [r.n_tokens / r.seconds for r in rs if r.seconds > 0]
+            drafted, accepted = sum(r.drafted for r in rs), sum(r.accepted for r in rs)
+            out.append(
+                Summary(
+                    config=name,
+                    category=cat,
+                    runs=len(rs),
+                    tokens=tokens,
+                    seconds=seconds,
+                    tps_median=statistics.median(tps),
+                    tps_min=min(tps),
+                    tps_max=max(tps),
+                    speedup=(tokens / seconds) / base_tps if base_tps else None,
+                    identical=None,
+                    acceptance_rate=accepted / drafted if drafted else None,
+                    tokens_per_step=None,
+                    accepted_by_position=[],
+                    split={},
+                    overhead_fraction=None,
+                )
+            )
+    return out
+
+
+def plot(summaries: list[Summary], path: Path) -> None:
+    """Acceptance by draft position per configuration, and tokens/s against K."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BenchInputError("--plot needs matplotlib: pip install 'specdec[plot]'") from None
+    cat = summaries[-1].category  # "all" when there are several categories
+    rows = [s for s in summaries if s.category == cat]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for s in rows:
+        if s.accepted_by_position:
+            xs = range(1, len(s.accepted_by_position) + 1)
+            ax1.plot(xs, [100 * a for a in s.accepted_by_position], marker="o", label=s.config)
+    ax1.set(title="acceptance by draft position", xlabel="position in the draft", ylabel="accepted (%)", ylim=(0, 100))
+    ax1.legend(fontsize="small")
+    base = next((s for s in rows if s.config == TARGET_ONLY), None)
+    for kind in (runner.MODEL, runner.NGRAM, f"llama.cpp {runner.MODEL}", f"llama.cpp {runner.NGRAM}"):
+        pts = sorted(
+            (int(s.config.rsplit(":", 1)[1]), s.tokens / s.seconds)
+            for s in rows
+            if s.config.rsplit(":", 1)[0] == kind and s.config.rsplit(":", 1)[1].isdigit()
+        )
+        if pts:
+            ax2.plot([k for k, _ in pts], [t for _, t in pts], marker="o", label=f"{kind}:K")
+        for s in rows:
+            if s.config == f"{kind}:auto":
+                ax2.axhline(s.tokens / s.seconds, linestyle=":", color="grey")
+                ax2.annotate(s.config, (1, s.tokens / s.seconds), fontsize="small")
+    if base is not None:
+        ax2.axhline(base.tokens / base.seconds, linestyle="--", color="black", label="target alone")
+    ax2.set(title=f"tokens/s against K ({cat})", xlabel="K (tokens drafted per step)", ylabel="tokens/s")
+    ax2.legend(fontsize="small")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise BenchInputError(f"cannot write --plot {path}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)

@@ -571,6 +571,17 @@ def bench(
     seed: SeedOpt = None,
     ctx_size: CtxOpt = 2048,
     threads: ThreadsOpt = None,
+    llama_cpp_bin: Annotated[
+        Path | None,
+        typer.Option(
+            "--llama-cpp-bin",
+            help="Folder with llama.cpp's llama-speculative-simple and llama-lookup "
+            "(scripts/build-llama-cpp-tools.sh): run them on the same pair, prompts and K, after specdec's runs.",
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG: acceptance by position, tokens/s against K.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -605,9 +616,13 @@ def bench(
         loaded = runner.load_pair(
             choice, n_ctx=ctx_size, n_threads=threads, gpu_layers=0, draft_gpu_layers=0, ngram=(ngram_min, ngram_max)
         )
+        if llama_cpp_bin is not None and temp > 0:
+            raise bench_mod.BenchInputError("--llama-cpp-bin compares greedy runs: use --temp 0")
+        n_external = sum(c.drafter is not None for c in cfgs) if llama_cpp_bin else 0
         try:
             sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
-            with render.bench_progress(len(prompt_set) * len(cfgs) * repeats, enabled=not json_out) as advance:
+            total = len(prompt_set) * (len(cfgs) + n_external) * repeats
+            with render.bench_progress(total, enabled=not json_out) as advance:
                 result = bench_mod.run_bench(
                     loaded,
                     prompt_set,
@@ -621,9 +636,29 @@ def bench(
                     ngram=(ngram_min, ngram_max),
                     on_run=advance,
                 )
+                external = []
+                if llama_cpp_bin is not None:
+                    external = bench_mod.run_llama_cpp(
+                        llama_cpp_bin,
+                        loaded,
+                        choice.target,
+                        choice.draft,
+                        prompt_set,
+                        cfgs,
+                        repeats=repeats,
+                        max_tokens=max_tokens,
+                        threads=threads or max(1, os.cpu_count() or 1),
+                        on_run=advance,
+                    )
         finally:
             loaded.close()
-    summaries = result.summaries()
+        summaries = result.summaries()
+        if external:
+            summaries += bench_mod.summarise_external(external, result.records, prompt_set)
+            order = {c: i for i, c in enumerate(dict.fromkeys(s.category for s in summaries))}
+            summaries.sort(key=lambda s: order[s.category])
+        if plot is not None:
+            bench_mod.plot(summaries, plot)
     if json_out:
         payload = {
             "models": {"target": str(choice.target), "draft": str(choice.draft) if choice.draft else None},
@@ -648,3 +683,5 @@ def bench(
         typer.echo(json.dumps(payload))
     else:
         render.bench_report(summaries, greedy=result.greedy)
+        if plot is not None:
+            sys.stderr.write(f"plot written to {plot}\n")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -429,13 +430,16 @@ def bench_progress(total: int, *, enabled: bool = True) -> Iterator[Callable[[st
 
 def bench_report(summaries: list[Any], *, greedy: bool, console: Console | None = None) -> None:
     """The bench table (`bench.Summary` rows) and acceptance by draft position."""
-    console = console or Console(highlight=False, no_color=no_color())
-    t = Table(title="specdec bench", title_justify="left", header_style="bold")
-    cols = ["config", "prompts", "tokens/s median (min-max)", "speedup", "same output" if greedy else None]
-    cols += ["accept %", "tokens/pass", "target | draft | maths | other", "overhead"]
+    if console is None:
+        console = Console(highlight=False, no_color=no_color())
+        if not console.is_terminal:
+            console = Console(highlight=False, no_color=no_color(), width=140)
+    t = Table(title="specdec bench", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = ["config", "prompts", "tok/s (min-max)", "speedup", "same" if greedy else None, "accept", "tok/pass"]
+    cols += ["target", "draft", "maths", "other", "overhead"]
     for col in cols:
         if col is not None:
-            t.add_column(col, justify="left" if col in ("config", "prompts") else "right")
+            t.add_column(col, justify="left" if col in ("config", "prompts") else "right", no_wrap=True)
     last_cat = None
     for s in summaries:
         if last_cat is not None and s.category != last_cat:
@@ -444,7 +448,6 @@ def bench_report(summaries: list[Any], *, greedy: bool, console: Console | None 
         same = (
             "-" if s.identical is None else Text("yes", style="green") if s.identical else Text("NO", style="bold red")
         )
-        split = " | ".join(f"{100 * s.split[k]:.0f}%" for k in ("target_decode", "draft_decode", "sampling", "other"))
         row: list[Any] = [
             s.config,
             s.category,
@@ -455,12 +458,20 @@ def bench_report(summaries: list[Any], *, greedy: bool, console: Console | None 
             row.append(same)
         row += [
             "-" if s.acceptance_rate is None else _pct(s.acceptance_rate),
-            f"{s.tokens_per_step:.2f}",
-            split,
-            f"{100 * s.overhead_fraction:.1f}%",
+            "-" if s.tokens_per_step is None else f"{s.tokens_per_step:.2f}",
         ]
+        row += [
+            f"{100 * s.split[k]:.0f}%" if s.split else "-"
+            for k in ("target_decode", "draft_decode", "sampling", "other")
+        ]
+        row.append("-" if s.overhead_fraction is None else f"{100 * s.overhead_fraction:.1f}%")
         t.add_row(*row)
     console.print(t)
+    console.print(
+        "time split: target / draft = inside llama_decode; maths = sampling, verification, n-gram lookup; "
+        "overhead = share of generation time outside llama_decode",
+        style="dim",
+    )
     shown = set()
     for s in summaries:
         if s.accepted_by_position and s.config not in shown and s.category == summaries[-1].category:

@@ -107,6 +107,8 @@ class NgramDrafter:
     kept up to date as the context grows, so a lookup costs n_max dict probes.
     """
 
+    free = True  # proposing costs no model decode (the cost-aware gate may trim proposals)
+
     def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"n-gram sizes need 1 <= ngram-min <= ngram-max, got {n_min} and {n_max}")

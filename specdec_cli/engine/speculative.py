@@ -31,6 +31,7 @@ import numpy as np
 
 from specdec_cli.engine.drafters import Drafter
 from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Prefill, Result, Step
+from specdec_cli.engine.gate import CostGate
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.sampling import (
     Dist,
@@ -159,6 +160,8 @@ class SpeculativeGenerator:
 
         context = list(self.prompt)
         schedule = DraftLength(cfg)
+        # Free drafters (n-gram) also get the cost-aware gate when K is adaptive.
+        gate = CostGate() if cfg.adaptive and getattr(self.drafter, "free", False) else None
         index = -1
         while True:
             index += 1
@@ -183,12 +186,18 @@ class SpeculativeGenerator:
                 assert self.drafter is not None
                 td0, t0 = self.drafter.decode_seconds(), time.perf_counter()
                 drafted, q_dists = self.drafter.propose(context, k, cfg.sampler, self.rng, self.eog, cfg.draft_p_min)
+                if gate is not None:
+                    gate.propose(len(context), drafted)
+                    j = gate.choose(len(drafted))
+                    drafted, q_dists = drafted[:j], q_dists[:j]
                 t_draft = self.drafter.decode_seconds() - td0
                 t_sample = time.perf_counter() - t0 - t_draft
 
             tt0 = target.decode_seconds
             rows = target.decode([context[-1], *drafted], n_logits=len(drafted) + 1)
             t_target = target.decode_seconds - tt0
+            if gate is not None:
+                gate.observe_cost(len(drafted) + 1, t_target)
             t0 = time.perf_counter()
             if cfg.sampler.greedy:
                 n_acc, nxt = verify_greedy(rows.argmax(axis=1), drafted)
@@ -203,6 +212,8 @@ class SpeculativeGenerator:
             # Tokens consumed: the emitted ones plus the stop token, if it was a draft.
             consumed_drafts = min(n_acc, len(emitted) + (1 if stop == "eos" else 0))
             context.extend(new)
+            if gate is not None:
+                gate.score(context)
             step = Step(
                 index,
                 k,
