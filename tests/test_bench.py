@@ -56,7 +56,7 @@ def test_summaries_speedup_identity_and_split() -> None:
     buf = io.StringIO()
     render.bench_report(res.summaries(), greedy=True, console=Console(file=buf, width=160))
     out = buf.getvalue()
-    assert "NO" in out and "2.00x" in out and "ngram:2: acceptance by draft position 1:50% 2:0%" in out
+    assert "NO" in out and "2.00x" in out and "ngram:2: acceptance by draft position 1:100% 2:0%" in out
 
 
 def test_llama_cpp_output_and_command(tmp_path: Path) -> None:

@@ -120,3 +120,40 @@ def test_draft_length_schedule() -> None:
     fixed = DraftLength(GenerationConfig(draft_max=5))
     fixed.update(5, 5, 0)
     assert fixed.k == 5
+
+
+def test_cost_gate_verifies_only_what_pays() -> None:
+    from specdec_cli.engine.gate import CostGate
+
+    g = CostGate()
+    assert g.choose(4) > 0  # optimistic prior: drafting gets tried
+    for _ in range(30):  # a batch of b costs b single decodes: nothing can pay
+        for b in (1, 2, 5):
+            g.observe_cost(b, 0.01 * b)
+    assert abs(g.relative_cost(3) - 3.0) < 1e-9  # an unseen size follows the measured marginal cost
+    assert g.choose(4) == 0
+    cheap = CostGate()
+    for _ in range(30):  # batches nearly free and proposals always right: verify them all
+        cheap.observe_cost(1, 0.01)
+        cheap.observe_cost(5, 0.011)
+        cheap.propose(0, [7, 8, 9, 10])
+        cheap.score([7, 8, 9, 10])
+    assert cheap.choose(4) == 4
+    wrong = CostGate()
+    for _ in range(30):  # shadow scoring: proposals that are always wrong stop being verified
+        wrong.observe_cost(1, 0.01)
+        wrong.observe_cost(5, 0.03)  # a batch of 5 costs 3 single decodes, as on a CPU
+        wrong.propose(0, [7, 8, 9, 10])
+        wrong.score([1, 2, 3, 4])
+    assert wrong.choose(4) == 0
+
+
+def test_cost_gate_waits_for_unknown_tokens() -> None:
+    from specdec_cli.engine.gate import CostGate
+
+    g = CostGate()
+    g.propose(2, [5, 6, 7])
+    g.score([0, 0, 5])  # right so far, two tokens still unknown: not scored yet
+    assert g.tries == []
+    g.score([0, 0, 5, 6, 1])  # decided: two right, the third wrong
+    assert g.tries == [1.0, 1.0, 1.0] and g.hits == [1.0, 1.0, 0.0]
