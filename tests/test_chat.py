@@ -164,3 +164,18 @@ def test_session_requires_template(gemma: Model) -> None:
     loaded = runner_mod.LoadedPair(gemma, None)
     with pytest.raises(UnsupportedModelError):
         ChatSession(loaded, GenerationConfig())
+
+
+def test_chat_with_the_ngram_drafter_matches_the_target_alone(smol: Model) -> None:
+    """Two turns with the n-gram drafter (no draft model), then the same turns with the target alone."""
+    pair = runner_mod.LoadedPair(smol, None, ngram=(2, 4))
+    assert pair.drafter_kind == "ngram"
+    cfg = GenerationConfig(max_tokens=32, draft_max=6)  # fixed K: drafts whenever the lookup matches
+    turns = ["Repeat exactly: red, green, blue, red, green, blue.", "Now repeat it once more."]
+    spec = ChatSession(pair, cfg)
+    replies = [drain(spec, t) for t in turns]
+    assert spec.totals.drafted > 0 and spec.totals.accepted <= spec.totals.drafted
+    assert spec.summary()["settings"]["drafter"] == "ngram"
+    alone = ChatSession(pair, cfg, draft_on=False)
+    assert [drain(alone, t) for t in turns] == replies
+    assert alone.totals.drafted == 0
