@@ -19,7 +19,10 @@ lookup), and everything else (the loop, rollback, detokenizing).
 from __future__ import annotations
 
 import json
+import os
+import re
 import statistics
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,12 @@ TARGET_ONLY = "target"
 
 class BenchInputError(SpecdecError):
     exit_code = 2
+
+
+def category_groups(prompts: Sequence[BenchPrompt]) -> list[str]:
+    """Each prompt category, then "all" when there are several."""
+    cats = sorted({p.category for p in prompts})
+    return [*cats, "all"] if len(cats) > 1 else cats
 
 
 @dataclass(frozen=True)
@@ -158,10 +167,8 @@ class BenchResult:
     records: list[RunRecord] = field(default_factory=list)
 
     def summaries(self) -> list[Summary]:
-        cats = sorted({p.category for p in self.prompts})
-        groups = [*cats, "all"] if len(cats) > 1 else cats
         out = []
-        for cat in groups:
+        for cat in category_groups(self.prompts):
             base = self._aggregate(TARGET_ONLY, cat)
             for c in self.configs:
                 s = self._aggregate(c.name, cat)
@@ -295,6 +302,17 @@ def run_bench(
 LLAMA_TOOLS = {runner.MODEL: "llama-speculative-simple", runner.NGRAM: "llama-lookup"}
 
 
+def llama_cpp_configs(bin_dir: Path, configs: list[BenchConfig]) -> list[BenchConfig]:
+    """The configurations llama.cpp's tools can run; their programs must exist (checked before any run)."""
+    # llama-lookup has no adaptive K: ngram:auto would repeat its largest fixed-K run.
+    wanted = [c for c in configs if c.drafter in LLAMA_TOOLS and not (c.drafter == runner.NGRAM and c.adaptive)]
+    for c in wanted:
+        tool = bin_dir / LLAMA_TOOLS[c.drafter or ""]
+        if not os.access(tool, os.X_OK):
+            raise BenchInputError(f"--llama-cpp-bin: {tool} not found (scripts/build-llama-cpp-tools.sh builds it)")
+    return wanted
+
+
 @dataclass
 class ExternalRun:
     config: str
@@ -328,8 +346,6 @@ def llama_cpp_command(
 
 
 def parse_llama_cpp(output: str) -> tuple[int, float, int, int]:
-    import re
-
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", output)
     d = re.search(r"n_drafted\s*=\s*(\d+)", output)
     a = re.search(r"n_accept\s*=\s*(\d+)", output)
@@ -351,18 +367,10 @@ def run_llama_cpp(
     threads: int,
     on_run: Callable[[str], None] | None = None,
 ) -> list[ExternalRun]:
-    import os
-    import subprocess
-
     from specdec_cli.engine import chat
 
     runs: list[ExternalRun] = []
-    # llama-lookup has no adaptive K: ngram:auto would repeat its largest fixed-K run.
-    wanted = [c for c in configs if c.drafter in LLAMA_TOOLS and not (c.drafter == runner.NGRAM and c.adaptive)]
-    for c in wanted:
-        tool = bin_dir / LLAMA_TOOLS[c.drafter or ""]
-        if not os.access(tool, os.X_OK):
-            raise BenchInputError(f"--llama-cpp-bin: {tool} not found (scripts/build-llama-cpp-tools.sh builds it)")
+    wanted = llama_cpp_configs(bin_dir, configs)
     info = pair.target.info()
     sp = pair.target.special_texts()
     env = {**os.environ, "GGML_CPU_TILED_MM": "0"}
@@ -392,10 +400,8 @@ def run_llama_cpp(
 
 
 def summarise_external(runs: list[ExternalRun], records: list[RunRecord], prompts: list[BenchPrompt]) -> list[Summary]:
-    cats = sorted({p.category for p in prompts})
-    groups = [*cats, "all"] if len(cats) > 1 else cats
     out = []
-    for cat in groups:
+    for cat in category_groups(prompts):
         base = [r for r in records if r.config == TARGET_ONLY and (cat == "all" or r.category == cat)]
         base_tps = sum(len(r.token_ids) for r in base) / sum(r.seconds for r in base) if base else None
         for name in dict.fromkeys(r.config for r in runs):
@@ -444,7 +450,8 @@ def plot(summaries: list[Summary], path: Path) -> None:
             xs = range(1, len(s.accepted_by_position) + 1)
             ax1.plot(xs, [100 * a for a in s.accepted_by_position], marker="o", label=s.config)
     ax1.set(title="acceptance by draft position", xlabel="position in the draft", ylabel="accepted (%)", ylim=(0, 100))
-    ax1.legend(fontsize="small")
+    if ax1.lines:
+        ax1.legend(fontsize="small")
     base = next((s for s in rows if s.config == TARGET_ONLY), None)
     for kind in (runner.MODEL, runner.NGRAM, f"llama.cpp {runner.MODEL}", f"llama.cpp {runner.NGRAM}"):
         pts = sorted(

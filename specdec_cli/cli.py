@@ -102,7 +102,8 @@ SeedOpt = Annotated[int | None, typer.Option(help="Seed for a reproducible sampl
 MaxTokensOpt = Annotated[
     int, typer.Option("-n", "--max-tokens", help="Stop after this many tokens.", rich_help_panel="Sampling")
 ]
-# Measured defaults (README, "Drafters and draft length"): see the n-gram benchmark.
+# Defaults (README, "Drafters and draft length"): K and adaptive K chosen from `specdec bench`
+# runs; --draft-p-min is off until measured.
 DEFAULT_K = {"model": 4, "ngram": 8}
 DEFAULT_P_MIN = 0.0
 DEFAULT_NGRAM = (2, 4)
@@ -618,7 +619,9 @@ def bench(
         )
         if llama_cpp_bin is not None and temp > 0:
             raise bench_mod.BenchInputError("--llama-cpp-bin compares greedy runs: use --temp 0")
-        n_external = sum(c.drafter is not None for c in cfgs) if llama_cpp_bin else 0
+        n_external = len(bench_mod.llama_cpp_configs(llama_cpp_bin, cfgs)) if llama_cpp_bin else 0
+        if plot is not None and not plot.parent.is_dir():
+            raise bench_mod.BenchInputError(f"cannot write --plot {plot}: no folder {plot.parent}")
         try:
             sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
             total = len(prompt_set) * (len(cfgs) + n_external) * repeats
