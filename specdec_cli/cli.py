@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import os
 import sys
-import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from specdec_cli import __version__
-from specdec_cli.errors import SpecdecError
+from specdec_cli.cli_common import usage_error as _usage
+from specdec_cli.cli_common import user_errors
 
 app = typer.Typer(
     name="specdec",
@@ -32,6 +30,15 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _add_subcommands() -> None:
+    from specdec_cli import cli_models
+
+    app.add_typer(cli_models.app)
+
+
+_add_subcommands()
+
+
 @app.callback()
 def _root(
     version: Annotated[
@@ -39,29 +46,6 @@ def _root(
     ] = False,
 ) -> None:
     """Lossless speculative decoding for local GGUF models."""
-
-
-@contextlib.contextmanager
-def user_errors(on_error: Any = None) -> Iterator[None]:
-    """Map SpecdecError to one `Error:` line and its exit code; SPECDEC_DEBUG=1 shows the traceback."""
-    try:
-        yield
-    except SpecdecError as exc:
-        if on_error is not None:
-            on_error()
-        if os.environ.get("SPECDEC_DEBUG"):
-            traceback.print_exc()
-        from specdec_cli.render import error_line
-
-        error_line(str(exc))
-        raise typer.Exit(exc.exit_code) from None
-
-
-def _usage(message: str) -> typer.Exit:
-    from specdec_cli.render import error_line
-
-    error_line(message)
-    return typer.Exit(2)
 
 
 def _read_prompt(prompt: str | None) -> str:

@@ -71,6 +71,21 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _derived_paths(source: Path, qtype: str) -> tuple[Path, Path]:
+    st = source.stat()
+    key = hashlib.sha256(f"{source.name}:{st.st_size}:{qtype}".encode()).hexdigest()[:12]
+    out = cache_dir() / "derived" / f"{source.stem}.{qtype}.{key}.gguf"
+    return out, out.with_suffix(".json")
+
+
+def derived_if_built(source: Path, qtype: str) -> Path | None:
+    """The derived draft if it was built before (size checked, not hashed), else None."""
+    out, meta = _derived_paths(source, qtype)
+    if out.exists() and meta.exists():
+        return out
+    return None
+
+
 def derived_draft(source: Path, qtype: str) -> Path:
     """A lower-bit requantization of `source`, built once and cached.
 
@@ -80,11 +95,8 @@ def derived_draft(source: Path, qtype: str) -> Path:
     """
     from specdec_cli.engine.model import quantize
 
-    st = source.stat()
-    key = hashlib.sha256(f"{source.name}:{st.st_size}:{qtype}".encode()).hexdigest()[:12]
-    out_dir = cache_dir() / "derived"
-    out = out_dir / f"{source.stem}.{qtype}.{key}.gguf"
-    meta = out.with_suffix(".json")
+    out, meta = _derived_paths(source, qtype)
+    out_dir = out.parent
     if out.exists() and meta.exists():
         try:
             recorded = json.loads(meta.read_text())

@@ -1,15 +1,29 @@
-"""models.toml: named target/draft pairs, and resolving them to files on disk."""
+"""models.toml: named target/draft pairs, the user's overrides, and where their files are.
+
+The bundled file ships with specdec; a file of the same shape in the platform's
+config directory (`specdec models list` prints where) adds pairs or replaces
+bundled ones by name, and may change `default`. Errors name the file, the line
+and the field, so a typo is one edit away from fixed.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from platformdirs import user_config_dir
+
+from specdec_cli import hub
 from specdec_cli.errors import ConfigError, ModelFileError
 
 SOURCE_KEYS = ("packaged", "repo", "path")
+SOURCE_FIELDS = {"packaged", "requantize", "repo", "file", "revision", "path", "sha256", "size_gb", "unverified"}
+PAIR_FIELDS = {"description", "target", "draft", "draft_max", "notes"}
+REQUIRED = ("description", "target", "draft")
 
 
 def bundled_models_toml() -> Path:
@@ -21,13 +35,36 @@ def bundled_models_toml() -> Path:
     raise ConfigError("models.toml is missing from this specdec installation; reinstall specdec")
 
 
+def user_models_toml() -> Path:
+    """The user's override file (SPECDEC_CONFIG_DIR overrides the platform's config directory)."""
+    return Path(os.environ.get("SPECDEC_CONFIG_DIR") or user_config_dir("specdec")) / "models.toml"
+
+
 @dataclass(frozen=True)
 class Source:
     packaged: str | None = None
     requantize: str | None = None
     repo: str | None = None
     file: str | None = None
+    revision: str = "main"
     path: str | None = None
+    sha256: str | None = None
+    size_gb: float | None = None  # as the hub's file listing shows it; None when unknown
+    unverified: str | None = None  # what could not be checked when the entry was written
+
+    @property
+    def kind(self) -> str:
+        if self.packaged:
+            return "requantize" if self.requantize else "packaged"
+        return "hub" if self.repo else "path"
+
+    def hub_file(self) -> hub.HubFile:
+        assert self.repo and self.file
+        return hub.HubFile(self.repo, self.file, self.revision, self.sha256)
+
+    def short(self) -> str:
+        """The file name for a hub source (the repo is in `describe`)."""
+        return self.file if self.repo and self.file else self.describe()
 
     def describe(self) -> str:
         if self.packaged:
@@ -52,13 +89,17 @@ class Pair:
 class Registry:
     pairs: dict[str, Pair]
     default: str | None
+    files: tuple[Path, ...] = ()  # the files read, bundled first
 
     def get(self, name: str) -> Pair:
         try:
             return self.pairs[name]
         except KeyError:
             known = ", ".join(sorted(self.pairs)) or "none"
-            raise ConfigError(f"no pair named {name!r} in models.toml (known: {known})") from None
+            raise ConfigError(
+                f"no pair named {name!r} (known: {known}); `specdec models list` shows them, "
+                f"and {user_models_toml()} can add one"
+            ) from None
 
     def default_pair(self) -> Pair:
         if not self.default:
@@ -66,74 +107,178 @@ class Registry:
         return self.get(self.default)
 
 
-def _source(data: Any, where: str, origin: Path) -> Source:
+# ------------------------------------------------------------------ parsing
+class _Lines:
+    """Line numbers for error messages: tomllib gives them only for syntax errors."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+
+    def of(self, pair: str, key: str | None = None) -> int | None:
+        header = re.compile(rf"^\s*\[\s*pairs\s*\.\s*(\"?){re.escape(pair)}\1\s*\]")
+        start = next((i for i, line in enumerate(self.lines) if header.match(line)), None)
+        if start is None:
+            return None
+        if key is None:
+            return start + 1
+        assignment = re.compile(rf"^\s*{re.escape(key)}\s*=")
+        for i in range(start + 1, len(self.lines)):
+            if self.lines[i].lstrip().startswith("["):
+                break
+            if assignment.match(self.lines[i]):
+                return i + 1
+        return start + 1
+
+
+def _where(origin: Path, line: int | None) -> str:
+    return f"{origin}:{line}" if line else str(origin)
+
+
+def _source(data: Any, pair: str, role: str, origin: Path, lines: _Lines) -> Source:
+    at = _where(origin, lines.of(pair, role))
+    where = f"[pairs.{pair}].{role}"
     if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: {where} must be a table such as {{ repo = ..., file = ... }}")
+        raise ConfigError(f"{at}: {where} must be a table such as {{ repo = ..., file = ... }}")
     kinds = [k for k in SOURCE_KEYS if k in data]
     if len(kinds) != 1:
-        raise ConfigError(f"{origin}: {where} needs exactly one of {', '.join(SOURCE_KEYS)}")
-    unknown = set(data) - {"packaged", "requantize", "repo", "file", "path", "sha256", "size"}
+        raise ConfigError(f"{at}: {where} needs exactly one of the fields {', '.join(SOURCE_KEYS)}")
+    unknown = set(data) - SOURCE_FIELDS
     if unknown:
-        raise ConfigError(f"{origin}: {where} has unknown field(s): {', '.join(sorted(unknown))}")
+        raise ConfigError(f"{at}: {where} has unknown field(s): {', '.join(sorted(unknown))}")
     if "repo" in data and "file" not in data:
-        raise ConfigError(f"{origin}: {where} is missing the field 'file' (the .gguf inside {data['repo']})")
+        raise ConfigError(f"{at}: {where} is missing the field 'file' (the .gguf inside {data['repo']})")
     for key, value in data.items():
-        if key != "size" and not isinstance(value, str):
-            raise ConfigError(f"{origin}: {where}.{key} must be a string")
+        if key == "size_gb":
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{at}: {where}.size_gb must be a positive number (gigabytes)")
+        elif not isinstance(value, str) or not value:
+            raise ConfigError(f"{at}: {where}.{key} must be a non-empty string")
+    if "repo" in data and data["repo"].count("/") != 1:
+        raise ConfigError(f"{at}: {where}.repo must look like 'owner/name', not {data['repo']!r}")
+    if "sha256" in data and not hub.SHA256.fullmatch(data["sha256"]):
+        raise ConfigError(f"{at}: {where}.sha256 must be 64 lowercase hex digits")
     return Source(
         packaged=data.get("packaged"),
         requantize=data.get("requantize"),
         repo=data.get("repo"),
         file=data.get("file"),
+        revision=data.get("revision", "main"),
         path=data.get("path"),
+        sha256=data.get("sha256"),
+        size_gb=float(data["size_gb"]) if "size_gb" in data else None,
+        unverified=data.get("unverified"),
     )
+
+
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
 def parse(text: str, origin: Path) -> Registry:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
-    pairs: dict[str, Pair] = {}
+        message = str(exc)
+        pos = _TOML_POSITION.search(message)
+        if pos:
+            raise ConfigError(
+                f"{origin}:{pos.group(1)}:{pos.group(2)}: invalid TOML: {message[: pos.start()]}"
+            ) from None
+        raise ConfigError(f"{origin}: invalid TOML: {message}") from None
+    lines = _Lines(text)
+    unknown_top = set(doc) - {"default", "pairs"}
+    if unknown_top:
+        raise ConfigError(f"{origin}: unknown top-level field(s): {', '.join(sorted(unknown_top))}")
     raw_pairs = doc.get("pairs", {})
     if not isinstance(raw_pairs, dict):
         raise ConfigError(f"{origin}: 'pairs' must be a table of [pairs.NAME] entries")
+    pairs: dict[str, Pair] = {}
     for name, entry in raw_pairs.items():
+        at = _where(origin, lines.of(name))
         where = f"[pairs.{name}]"
         if not isinstance(entry, dict):
-            raise ConfigError(f"{origin}: {where} must be a table")
-        for required in ("description", "target", "draft"):
+            raise ConfigError(f"{at}: {where} must be a table")
+        for required in REQUIRED:
             if required not in entry:
-                raise ConfigError(f"{origin}: {where} is missing the field '{required}'")
+                raise ConfigError(f"{at}: {where} is missing the field '{required}'")
+        unknown = set(entry) - PAIR_FIELDS
+        if unknown:
+            raise ConfigError(f"{at}: {where} has unknown field(s): {', '.join(sorted(unknown))}")
+        for text_field in ("description", "notes"):
+            if text_field in entry and not isinstance(entry[text_field], str):
+                raise ConfigError(
+                    f"{_where(origin, lines.of(name, text_field))}: {where}.{text_field} must be a string"
+                )
         draft_max = entry.get("draft_max", 4)
-        if not isinstance(draft_max, int) or draft_max < 1:
-            raise ConfigError(f"{origin}: {where}.draft_max must be a positive integer")
+        if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 1:
+            raise ConfigError(
+                f"{_where(origin, lines.of(name, 'draft_max'))}: {where}.draft_max must be a positive integer"
+            )
         pairs[name] = Pair(
             name=name,
-            description=str(entry["description"]),
-            target=_source(entry["target"], f"{where}.target", origin),
-            draft=_source(entry["draft"], f"{where}.draft", origin),
+            description=entry["description"],
+            target=_source(entry["target"], name, "target", origin, lines),
+            draft=_source(entry["draft"], name, "draft", origin, lines),
             draft_max=draft_max,
-            notes=str(entry.get("notes", "")),
+            notes=entry.get("notes", ""),
             origin=origin,
         )
     default = doc.get("default")
-    if default is not None and default not in pairs:
-        raise ConfigError(f"{origin}: default = {default!r} names no [pairs.{default}] entry")
-    return Registry(pairs, default)
+    if default is not None and not isinstance(default, str):
+        raise ConfigError(f"{origin}: default must be the name of a pair")
+    return Registry(pairs, default, (origin,))
 
 
-def load(path: Path | None = None) -> Registry:
-    path = path or bundled_models_toml()
+def _read(path: Path) -> Registry:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     return parse(text, path)
 
 
-def resolve(source: Source, pair_name: str) -> Path:
-    """The local file for a source, building a derived draft if needed."""
+def load(path: Path | None = None) -> Registry:
+    """The bundled pairs plus the user's file (or only `path`, when given)."""
+    if path is not None:
+        reg = _read(path)
+        _check_default(reg, path)
+        return reg
+    reg = _read(bundled_models_toml())
+    user = user_models_toml()
+    if user.exists():
+        mine = _read(user)
+        reg = Registry({**reg.pairs, **mine.pairs}, mine.default or reg.default, (*reg.files, user))
+        _check_default(reg, user if mine.default else reg.files[0])
+    else:
+        _check_default(reg, reg.files[0])
+    return reg
+
+
+def _check_default(reg: Registry, origin: Path) -> None:
+    if reg.default is not None and reg.default not in reg.pairs:
+        raise ConfigError(f"{origin}: default = {reg.default!r} names no [pairs.{reg.default}] entry")
+
+
+# ------------------------------------------------------------------ files on disk
+def on_disk(source: Source) -> Path | None:
+    """The source's local file if it is there now, without building or downloading anything."""
+    from specdec_cli import packaged
+
+    if source.packaged:
+        try:
+            base = packaged.packaged_path(source.packaged)
+        except ModelFileError:
+            return None
+        return packaged.derived_if_built(base, source.requantize) if source.requantize else base
+    if source.path:
+        p = Path(source.path).expanduser()
+        return p if p.is_file() else None
+    return hub.local_path(source.hub_file())
+
+
+def resolve(source: Source, pair_name: str, role: str = "model") -> Path:
+    """The local file for a source, building a derived draft if needed (never downloads)."""
     from specdec_cli import packaged
 
     if source.packaged:
@@ -141,13 +286,11 @@ def resolve(source: Source, pair_name: str) -> Path:
         return packaged.derived_draft(base, source.requantize) if source.requantize else base
     if source.path:
         return Path(source.path).expanduser()
-    assert source.repo and source.file
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(source.repo, source.file)
-    if isinstance(cached, str):
-        return Path(cached)
+    found = hub.local_path(source.hub_file())
+    if found is not None:
+        return found
+    size = f" ({source.size_gb:g} GB)" if source.size_gb else ""
     raise ModelFileError(
-        f"pair {pair_name!r}: {source.repo}/{source.file} is not on disk; download it with "
-        f"`hf download {source.repo} {source.file}` and run again"
+        f"pair {pair_name!r}: the {role} {source.repo}/{source.file}{size} is not on disk: "
+        f"run `specdec models pull {pair_name}`, or {hub.fetch_by_hand(source.hub_file())}"
     )

@@ -64,10 +64,10 @@ def choose_models(
         return ModelChoice(check_gguf_file(target), d, None, None, MODEL if d else None)
     reg = registry.load(models_toml)
     entry = reg.get(pair) if pair else reg.default_pair()
-    t = registry.resolve(entry.target, entry.name)
+    t = registry.resolve(entry.target, entry.name, "target")
     if drafter == NGRAM:
         return ModelChoice(t, None, entry.name, None, NGRAM)
-    d = None if no_draft else registry.resolve(entry.draft, entry.name)
+    d = None if no_draft else registry.resolve(entry.draft, entry.name, "draft")
     return ModelChoice(t, d, entry.name, entry.draft_max, MODEL if d else None)
 
 

@@ -15,6 +15,14 @@ N_CTX = 1024
 THREADS = 2
 
 
+@pytest.fixture(autouse=True)
+def _no_user_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never read the developer's own models.toml or hand-fetched models."""
+    home = tmp_path_factory.mktemp("user")
+    monkeypatch.setenv("SPECDEC_CONFIG_DIR", str(home / "config"))
+    monkeypatch.setenv("SPECDEC_MODELS_DIR", str(home / "models"))
+
+
 @pytest.fixture(scope="session")
 def smol_path() -> Path:
     return packaged.smollm2_path()
