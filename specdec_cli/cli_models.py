@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,7 +174,9 @@ def models_pull(
     from specdec_cli import hub, registry, render
 
     if not verbose:
-        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+        from huggingface_hub.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # its retry warnings; our progress and errors say what matters
     sink = render.DownloadProgress()
     paths: list[Path] = []
     with user_errors(on_error=sink.finish):

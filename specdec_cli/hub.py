@@ -201,7 +201,8 @@ def _explain(exc: BaseException, f: HubFile, resumable: bool = False) -> Downloa
             f"(HTTP {_status(exc)}); {hand}"
         )
     if isinstance(exc, errors.HfHubHTTPError):
-        return DownloadError(f"{endpoint()} answered HTTP {_status(exc)} for {where}; run again later, or {hand}")
+        later = hand if resumable else f"run again later, or {hand}"
+        return DownloadError(f"{endpoint()} answered HTTP {_status(exc)} for {where}; {later}")
     if isinstance(exc, httpx2.TransportError):
         return DownloadError(f"cannot reach {endpoint()} ({type(exc).__name__}: {exc}); {hand}")
     return DownloadError(f"downloading {where} failed: {exc}; {hand}")

@@ -35,6 +35,7 @@ class FakeHub:
     cut_after: int | None = None  # bytes per CDN response before the connection drops
     refuse_gets: bool = False  # CDN answers 503
     refuse_after_cut: bool = False  # after the first dropped transfer, refuse_gets turns on (the network is gone)
+    corrupt: bool = False  # CDN flips a byte: the sha256 the hub announced will not match
     log: list[Request] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -123,6 +124,8 @@ class FakeHub:
         rng = h.headers.get("Range")
         if rng and rng.startswith("bytes="):
             start = int(rng.removeprefix("bytes=").split("-")[0])
+        if self.corrupt:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
         body = data[start:]
         status = 206 if start else 200
         headers = {"Content-Length": str(len(body)), "ETag": f'"{sha}"', "Accept-Ranges": "bytes"}
