@@ -217,13 +217,10 @@ def pull(f: HubFile, sink: ProgressSink | None = None) -> Path:
     """Fetch `f` into the hub cache (resuming a kept partial) and return its path."""
     import httpx2
     from huggingface_hub import errors, get_hf_file_metadata, hf_hub_download
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
 
     already = local_path(f)
     if already is not None:
         return already
-    label = Path(f.file).name
     url = file_url(f)
     try:
         meta = get_hf_file_metadata(url)
@@ -243,60 +240,84 @@ def pull(f: HubFile, sink: ProgressSink | None = None) -> Path:
     blob = blobs / meta.etag
     if not blob.exists():
         blobs.mkdir(parents=True, exist_ok=True)
-        part = blobs / f"{meta.etag}{PARTIAL_SUFFIX}"
-        (blobs / f"{meta.etag}{PARTIAL_SUFFIX}.name").write_text(f"{f.repo}/{f.file}\n", encoding="utf-8")
-        kept = part.stat().st_size if part.exists() else 0
-        if meta.size is not None and kept > meta.size:
-            part.unlink()  # not a prefix of this file: start again
-            kept = 0
-        if meta.size is not None:
-            free = shutil.disk_usage(blobs).free
-            if free < meta.size - kept:
-                raise DownloadError(
-                    f"{f} needs {_gb(meta.size - kept)} more, but {blobs} has {_gb(free)} free; free some space and "
-                    f"run again ({_gb(kept)} already downloaded is kept)"
-                )
-        headers = build_hf_headers()
-        location = meta.location or url
-        if not _same_origin(location, url):
-            headers.pop("authorization", None)  # a signed CDN URL: the token stays with the hub
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(str(blobs / f"{meta.etag}{PARTIAL_SUFFIX}.lock"))
         try:
-            with part.open("ab") as fh:
-                http_get(
-                    location,
-                    fh,
-                    resume_size=kept,
-                    headers=headers,
-                    expected_size=meta.size,
-                    tqdm_class=_progress_class(sink, label),
-                )
-        except (errors.HfHubHTTPError, httpx2.TransportError, OSError) as exc:
-            done = part.stat().st_size if part.exists() else 0
-            total = f" of {_gb(meta.size)}" if meta.size else ""
-            raise DownloadError(
-                f"downloading {f} stopped after {_gb(done)}{total}, which is kept: {_explain(exc, f, resumable=True)}"
-            ) from exc
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise DownloadError(f"another `specdec models pull` is downloading {f} now; let it finish") from None
+        try:
+            _fetch_blob(f, meta, blob, sink)
         finally:
-            if sink is not None:
-                sink.finish()
-        size = part.stat().st_size
-        if meta.size is not None and size != meta.size:
-            raise DownloadError(f"{f}: got {size} bytes, the hub said {meta.size}; run again to resume")
-        if SHA256.fullmatch(meta.etag):
-            digest = _sha256(part, sink, label)
-            if digest != meta.etag:
-                part.unlink()
-                raise DownloadError(
-                    f"{f}: the downloaded bytes have sha256 {digest[:12]}..., the hub says {meta.etag[:12]}...; "
-                    "the corrupt part was deleted: run again"
-                )
-        os.replace(part, blob)
-        (blobs / f"{meta.etag}{PARTIAL_SUFFIX}.name").unlink(missing_ok=True)
+            lock.release()
     try:
         # The blob is in place, so this only records the snapshot entry and the ref.
         return Path(hf_hub_download(f.repo, f.file, revision=f.revision))
     except (errors.HfHubHTTPError, errors.OfflineModeIsEnabled, httpx2.TransportError) as exc:
         raise _explain(exc, f) from exc
+
+
+def _fetch_blob(f: HubFile, meta: Any, blob: Path, sink: ProgressSink | None) -> None:
+    """Append to the kept partial until it is the whole file, check it, and move it to `blob`."""
+    import httpx2
+    from huggingface_hub import errors
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    blobs, label = blob.parent, Path(f.file).name
+    part = blobs / f"{meta.etag}{PARTIAL_SUFFIX}"
+    marker = blobs / f"{meta.etag}{PARTIAL_SUFFIX}.name"
+    for other in blobs.glob(f"*{PARTIAL_SUFFIX}.name"):  # parts of an older version of this file
+        if other != marker and other.read_text(encoding="utf-8").strip() == f"{f.repo}/{f.file}":
+            other.with_suffix("").unlink(missing_ok=True)
+            other.unlink(missing_ok=True)
+    marker.write_text(f"{f.repo}/{f.file}\n", encoding="utf-8")
+    kept = part.stat().st_size if part.exists() else 0
+    if meta.size is not None and kept > meta.size:
+        part.unlink()  # cannot be a prefix of this file: start again
+        kept = 0
+    if meta.size is not None:
+        free = shutil.disk_usage(blobs).free
+        if free < meta.size - kept:
+            raise DownloadError(
+                f"{f} needs {_gb(meta.size - kept)} more, but {blobs} has {_gb(free)} free; free some space and "
+                f"run again ({_gb(kept)} already downloaded is kept)"
+            )
+    url = file_url(f)
+    headers = build_hf_headers()
+    location = meta.location or url
+    if not _same_origin(location, url):
+        headers.pop("authorization", None)  # a signed CDN URL: the token stays with the hub
+    try:
+        with part.open("ab") as fh:
+            http_get(
+                location,
+                fh,
+                resume_size=kept,
+                headers=headers,
+                expected_size=meta.size,
+                tqdm_class=_progress_class(sink, label),
+            )
+    except (errors.HfHubHTTPError, httpx2.TransportError, OSError) as exc:
+        done = part.stat().st_size if part.exists() else 0
+        total = f" of {_gb(meta.size)}" if meta.size else ""
+        raise DownloadError(
+            f"downloading {f} stopped after {_gb(done)}{total}, which is kept: {_explain(exc, f, resumable=True)}"
+        ) from exc
+    finally:
+        if sink is not None:
+            sink.finish()
+    if SHA256.fullmatch(meta.etag):
+        digest = _sha256(part, sink, label)
+        if digest != meta.etag:
+            part.unlink()
+            raise DownloadError(
+                f"{f}: the downloaded bytes have sha256 {digest[:12]}..., the hub says {meta.etag[:12]}...; "
+                "the corrupt part was deleted: run again"
+            )
+    os.replace(part, blob)
+    marker.unlink(missing_ok=True)
 
 
 def _gb(n: int) -> str:

@@ -35,6 +35,8 @@ class FakeHub:
     cut_after: int | None = None  # bytes per CDN response before the connection drops
     refuse_gets: bool = False  # CDN answers 503
     refuse_after_cut: bool = False  # after the first dropped transfer, refuse_gets turns on (the network is gone)
+    stall_after: int | None = None  # bytes per CDN response before it hangs (until `release` is set)
+    release: threading.Event = field(default_factory=threading.Event)
     corrupt: bool = False  # CDN flips a byte: the sha256 the hub announced will not match
     log: list[Request] = field(default_factory=list)
 
@@ -70,6 +72,7 @@ class FakeHub:
         return [r for r in self.log if r.path.startswith("/cdn/") and r.method == "GET"]
 
     def close(self) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -136,6 +139,12 @@ class FakeHub:
             h.send_header(k, v)
         h.end_headers()
         if head:
+            return None
+        if self.stall_after is not None and len(body) > self.stall_after:
+            h.wfile.write(body[: self.stall_after])
+            h.wfile.flush()
+            self.release.wait(60)
+            h.close_connection = True
             return None
         if self.cut_after is not None and len(body) > self.cut_after:
             h.wfile.write(body[: self.cut_after])

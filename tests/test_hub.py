@@ -9,9 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -164,6 +166,43 @@ def test_interrupted_pull_keeps_its_part_and_the_next_pull_resumes_it(fake_hub: 
     assert listed(env, "big")["on_disk"] == "yes"
 
 
+def test_ctrl_c_keeps_the_part_and_exits_130(fake_hub: FakeHub, home: Path) -> None:
+    data = os.urandom(25_000_000)
+    fake_hub.add("org/big-GGUF", "big.gguf", data)
+    fake_hub.add("org/big-GGUF", "small.gguf", b"GGUF" + os.urandom(1000))
+    write_pairs(home, ("big", "org/big-GGUF", "big.gguf", "org/big-GGUF", "small.gguf"))
+    env = env_for(home, fake_hub.endpoint)
+    fake_hub.stall_after = 11_000_000  # sends 11 MB, then hangs like a dead link
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec_cli", "models", "pull", "big"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    blobs = home / "hf" / "hub" / "models--org--big-GGUF" / "blobs"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until the first 10 MiB chunk is on disk
+        parts = list(blobs.glob("*.specdec-partial")) if blobs.is_dir() else []
+        if parts and parts[0].stat().st_size >= 10_485_760:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    fake_hub.release.set()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("Error: interrupted: what was downloaded is kept")
+    assert "Traceback" not in err and out == ""
+    assert snapshot_files(home) == []
+
+    fake_hub.stall_after = None
+    fake_hub.log.clear()
+    r = specdec(env, "models", "pull", "big")
+    assert r.returncode == 0, r.stderr
+    assert [g.range for g in fake_hub.cdn_gets() if g.path.startswith(f"/cdn/{sha(data)}")] == ["bytes=10485760-"]
+    assert sha(Path(r.stdout.split()[0]).read_bytes()) == sha(data)
+
+
 def test_a_dropped_connection_is_resumed_within_the_same_pull(fake_hub: FakeHub, home: Path) -> None:
     data = os.urandom(25_000_000)
     fake_hub.add("org/big-GGUF", "big.gguf", data)
@@ -267,3 +306,19 @@ def test_no_network_says_what_failed_and_how_to_fetch_by_hand(home: Path) -> Non
         str(home / "by-hand" / "t.gguf"),
         str(home / "by-hand" / "d.gguf"),
     ]
+
+
+def test_two_pulls_of_one_file_do_not_write_the_same_part(fake_hub: FakeHub, home: Path) -> None:
+    from filelock import FileLock
+
+    data = b"GGUF" + os.urandom(5000)
+    fake_hub.add("org/x-GGUF", "t.gguf", data)
+    fake_hub.add("org/x-GGUF", "d.gguf", b"GGUF" + os.urandom(100))
+    write_pairs(home, ("x", "org/x-GGUF", "t.gguf", "org/x-GGUF", "d.gguf"))
+    blobs = home / "hf" / "hub" / "models--org--x-GGUF" / "blobs"
+    blobs.mkdir(parents=True)
+    with FileLock(str(blobs / f"{sha(data)}.specdec-partial.lock")):  # a pull already running
+        r = specdec(env_for(home, fake_hub.endpoint), "models", "pull", "x")
+    assert r.returncode == 1
+    assert "another `specdec models pull` is downloading org/x-GGUF/t.gguf now" in one_error_line(r)
+    assert fake_hub.cdn_gets() == []

@@ -101,3 +101,9 @@ def test_a_user_pair_with_local_paths_runs(smol_path: Path, smol_q2k_path: Path)
     out = json.loads(res.stdout)
     assert out["models"]["pair"] == "local" and out["settings"]["draft_max"] == 3
     assert out["models"]["target"] == str(smol_path)
+
+
+def test_pull_of_an_offline_pair_needs_no_network() -> None:
+    res = models("pull", "smollm2-135m-q2k")
+    assert res.exit_code == 0, res.stderr
+    assert [Path(p).is_file() for p in res.stdout.split()] == [True, True]
