@@ -168,8 +168,9 @@ def models_pull(
 ) -> None:
     """Download the pair's files into the Hugging Face cache, resuming an interrupted download.
 
-    Honours HF_TOKEN, HF_ENDPOINT, HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE. Prints the two
-    paths (target, draft) on stdout when both are on disk.
+    Honours HF_TOKEN, HF_ENDPOINT, HF_HOME / HF_HUB_CACHE and HF_HUB_OFFLINE.
+
+    Prints the two paths (target, draft) on stdout when both are on disk.
     """
     from specdec_cli import hub, registry, render
 

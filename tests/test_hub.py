@@ -135,11 +135,17 @@ def test_pull_real_models_then_run_the_pair(
 
 
 # ------------------------------------------------------------------ interrupted downloads
-def test_interrupted_pull_keeps_its_part_and_the_next_pull_resumes_it(fake_hub: FakeHub, home: Path) -> None:
+def big_pair(hub: FakeHub, home: Path) -> bytes:
+    """Pair "big": a 25 MB target (the client writes 10 MiB chunks, so a cut keeps whole ones)."""
     data = os.urandom(25_000_000)
-    fake_hub.add("org/big-GGUF", "big.gguf", data)
-    fake_hub.add("org/big-GGUF", "small.gguf", b"GGUF" + os.urandom(1000))
+    hub.add("org/big-GGUF", "big.gguf", data)
+    hub.add("org/big-GGUF", "small.gguf", b"GGUF" + os.urandom(1000))
     write_pairs(home, ("big", "org/big-GGUF", "big.gguf", "org/big-GGUF", "small.gguf"))
+    return data
+
+
+def test_interrupted_pull_keeps_its_part_and_the_next_pull_resumes_it(fake_hub: FakeHub, home: Path) -> None:
+    data = big_pair(fake_hub, home)
     env = env_for(home, fake_hub.endpoint)
     fake_hub.cut_after, fake_hub.refuse_after_cut = 11_000_000, True  # the connection drops, then the network is gone
 
@@ -167,10 +173,7 @@ def test_interrupted_pull_keeps_its_part_and_the_next_pull_resumes_it(fake_hub: 
 
 
 def test_ctrl_c_keeps_the_part_and_exits_130(fake_hub: FakeHub, home: Path) -> None:
-    data = os.urandom(25_000_000)
-    fake_hub.add("org/big-GGUF", "big.gguf", data)
-    fake_hub.add("org/big-GGUF", "small.gguf", b"GGUF" + os.urandom(1000))
-    write_pairs(home, ("big", "org/big-GGUF", "big.gguf", "org/big-GGUF", "small.gguf"))
+    data = big_pair(fake_hub, home)
     env = env_for(home, fake_hub.endpoint)
     fake_hub.stall_after = 11_000_000  # sends 11 MB, then hangs like a dead link
     proc = subprocess.Popen(
@@ -204,10 +207,7 @@ def test_ctrl_c_keeps_the_part_and_exits_130(fake_hub: FakeHub, home: Path) -> N
 
 
 def test_a_dropped_connection_is_resumed_within_the_same_pull(fake_hub: FakeHub, home: Path) -> None:
-    data = os.urandom(25_000_000)
-    fake_hub.add("org/big-GGUF", "big.gguf", data)
-    fake_hub.add("org/big-GGUF", "small.gguf", b"GGUF" + os.urandom(1000))
-    write_pairs(home, ("big", "org/big-GGUF", "big.gguf", "org/big-GGUF", "small.gguf"))
+    data = big_pair(fake_hub, home)
     fake_hub.cut_after = 11_000_000  # every response drops after 11 MB
     r = specdec(env_for(home, fake_hub.endpoint), "models", "pull", "big")
     assert r.returncode == 0, r.stderr
