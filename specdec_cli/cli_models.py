@@ -6,12 +6,15 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from specdec_cli.cli_common import user_errors
 from specdec_cli.errors import ModelFileError
+
+if TYPE_CHECKING:  # imported lazily at run time, so `--help` stays fast
+    from specdec_cli.registry import Pair, Source
 
 app = typer.Typer(
     name="models",
@@ -27,7 +30,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 class Entry:
     """A pair and where its files are now (nothing built or downloaded to find out)."""
 
-    pair: object
+    pair: Pair
     target_path: Path | None
     draft_path: Path | None
     target_url: str | None = None
@@ -36,9 +39,6 @@ class Entry:
 
     @property
     def state(self) -> str:
-        from specdec_cli.registry import Pair
-
-        assert isinstance(self.pair, Pair)
         ready = [
             path is not None or bool(src.requantize)  # a requantized draft is built offline on first use
             for path, src in ((self.target_path, self.pair.target), (self.draft_path, self.pair.draft))
@@ -51,10 +51,9 @@ class Entry:
         return state
 
 
-def _entry(pair: object) -> Entry:
+def _entry(pair: Pair) -> Entry:
     from specdec_cli import hub, registry
 
-    assert isinstance(pair, registry.Pair)
     e = Entry(pair, registry.on_disk(pair.target), registry.on_disk(pair.draft))
     for role, src in (("target", pair.target), ("draft", pair.draft)):
         if src.repo:
@@ -65,10 +64,7 @@ def _entry(pair: object) -> Entry:
     return e
 
 
-def _source_json(src: object, path: Path | None, url: str | None) -> dict[str, object]:
-    from specdec_cli.registry import Source
-
-    assert isinstance(src, Source)
+def _source_json(src: Source, path: Path | None, url: str | None) -> dict[str, object]:
     return {
         "kind": src.kind,
         "source": src.describe(),
@@ -82,10 +78,7 @@ def _source_json(src: object, path: Path | None, url: str | None) -> dict[str, o
 
 
 def _entry_json(e: Entry, default: str | None) -> dict[str, object]:
-    from specdec_cli.registry import Pair
-
     p = e.pair
-    assert isinstance(p, Pair)
     return {
         "name": p.name,
         "default": p.name == default,

@@ -182,6 +182,8 @@ def test_ctrl_c_keeps_the_part_and_exits_130(fake_hub: FakeHub, home: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell's background job (CI may run us as one) ignores SIGINT, and children inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     blobs = home / "hf" / "hub" / "models--org--big-GGUF" / "blobs"
     deadline = time.monotonic() + 60
@@ -190,6 +192,8 @@ def test_ctrl_c_keeps_the_part_and_exits_130(fake_hub: FakeHub, home: Path) -> N
         if parts and parts[0].stat().st_size >= 10_485_760:
             break
         time.sleep(0.05)
+    else:
+        pytest.fail("the first chunk never reached the disk")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     fake_hub.release.set()
