@@ -113,20 +113,24 @@ def _storage(f: HubFile) -> Path:
     return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=f.repo, repo_type="model")
 
 
-def partial_bytes(f: HubFile) -> int:
-    """Bytes kept from interrupted pulls of this file (0 if none); no network."""
-    blobs = _storage(f) / "blobs"
+def _markers(f: HubFile, blobs: Path) -> list[Path]:
+    """The `.name` markers of kept parts of this file (any version of it) in `blobs`."""
     if not blobs.is_dir():
-        return 0
-    total = 0
+        return []
+    found = []
     for marker in blobs.glob(f"*{PARTIAL_SUFFIX}.name"):
         try:
             if marker.read_text(encoding="utf-8").strip() == f"{f.repo}/{f.file}":
-                part = marker.with_suffix("")
-                total += part.stat().st_size if part.exists() else 0
+                found.append(marker)
         except OSError:
             continue
-    return total
+    return found
+
+
+def partial_bytes(f: HubFile) -> int:
+    """Bytes kept from interrupted pulls of this file (0 if none); no network."""
+    parts = (m.with_suffix("") for m in _markers(f, _storage(f) / "blobs"))
+    return sum(p.stat().st_size for p in parts if p.exists())
 
 
 def _same_origin(a: str, b: str) -> bool:
@@ -268,8 +272,8 @@ def _fetch_blob(f: HubFile, meta: Any, blob: Path, sink: ProgressSink | None) ->
     blobs, label = blob.parent, Path(f.file).name
     part = blobs / f"{meta.etag}{PARTIAL_SUFFIX}"
     marker = blobs / f"{meta.etag}{PARTIAL_SUFFIX}.name"
-    for other in blobs.glob(f"*{PARTIAL_SUFFIX}.name"):  # parts of an older version of this file
-        if other != marker and other.read_text(encoding="utf-8").strip() == f"{f.repo}/{f.file}":
+    for other in _markers(f, blobs):  # parts of an older version of this file
+        if other != marker:
             other.with_suffix("").unlink(missing_ok=True)
             other.unlink(missing_ok=True)
     marker.write_text(f"{f.repo}/{f.file}\n", encoding="utf-8")
@@ -281,8 +285,8 @@ def _fetch_blob(f: HubFile, meta: Any, blob: Path, sink: ProgressSink | None) ->
         free = shutil.disk_usage(blobs).free
         if free < meta.size - kept:
             raise DownloadError(
-                f"{f} needs {_gb(meta.size - kept)} more, but {blobs} has {_gb(free)} free; free some space and "
-                f"run again ({_gb(kept)} already downloaded is kept)"
+                f"{f} needs {human_bytes(meta.size - kept)} more, but {blobs} has {human_bytes(free)} free; free some space and "
+                f"run again ({human_bytes(kept)} already downloaded is kept)"
             )
     url = file_url(f)
     headers = build_hf_headers()
@@ -301,9 +305,9 @@ def _fetch_blob(f: HubFile, meta: Any, blob: Path, sink: ProgressSink | None) ->
             )
     except (errors.HfHubHTTPError, httpx2.TransportError, OSError) as exc:
         done = part.stat().st_size if part.exists() else 0
-        total = f" of {_gb(meta.size)}" if meta.size else ""
+        total = f" of {human_bytes(meta.size)}" if meta.size else ""
         raise DownloadError(
-            f"downloading {f} stopped after {_gb(done)}{total}, which is kept: {_explain(exc, f, resumable=True)}"
+            f"downloading {f} stopped after {human_bytes(done)}{total}, which is kept: {_explain(exc, f, resumable=True)}"
         ) from exc
     finally:
         if sink is not None:
@@ -320,5 +324,6 @@ def _fetch_blob(f: HubFile, meta: Any, blob: Path, sink: ProgressSink | None) ->
     marker.unlink(missing_ok=True)
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+def human_bytes(n: int) -> str:
+    """Decimal units, as the hub's file listings show sizes."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

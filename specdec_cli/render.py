@@ -30,6 +30,7 @@ from rich.text import Text
 
 from specdec_cli.engine.events import DRAFT, Prefill, Result, Step
 from specdec_cli.engine.stats import Stats
+from specdec_cli.hub import human_bytes
 
 DRAFT_STYLE = "bold green"
 TARGET_STYLE = ""
@@ -481,8 +482,6 @@ def bench_report(summaries: list[Any], *, greedy: bool, console: Console | None 
 
 
 # --------------------------------------------------------------------- models
-def _human(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
 def _size(gb: float | None, path: Path | None) -> str:
@@ -535,7 +534,7 @@ def model_show(e: Any, *, default: str | None) -> None:
             console.print("  on disk: not yet (built from the packaged model on first use, no network needed)")
         else:
             kept = e.partial.get(role, 0)
-            extra = f" ({_human(kept)} of an interrupted download kept; `pull` resumes it)" if kept else ""
+            extra = f" ({human_bytes(kept)} of an interrupted download kept; `pull` resumes it)" if kept else ""
             console.print(f"  on disk: no{extra}")
     console.print(f"state: {e.state}")
 
@@ -553,8 +552,8 @@ class DownloadProgress:
         self.finish()
         self.label = label
         if not self.console.is_terminal:
-            resume = f", resuming at {_human(done)}" if done else ""
-            size = f" ({_human(total)}{resume})" if total else ""
+            resume = f", resuming at {human_bytes(done)}" if done else ""
+            size = f" ({human_bytes(total)}{resume})" if total else ""
             self.console.print(f"{label}{size} ...")
             return
         from rich.progress import (
