@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_cli import runner
-from specdec_cli.engine.events import Prefill, Result, Step
+from specdec_cli.engine.events import DrafterDropped, Prefill, Result, Step
 from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, UnsupportedModelError
@@ -114,7 +114,9 @@ class ChatSession:
         self.dropped_turns += dropped
         return tokens, dropped
 
-    def reply(self, user: str, should_stop: Callable[[], bool] | None = None) -> Iterator[Prefill | Step]:
+    def reply(
+        self, user: str, should_stop: Callable[[], bool] | None = None
+    ) -> Iterator[Prefill | Step | DrafterDropped]:
         """Stream one reply; afterwards `self.last` holds the result and the turn is in the history."""
         reserve = min(self.config.max_tokens, max(16, self.pair.target.n_ctx // 4))
         tokens, dropped = self.prompt_tokens(user, reserve)

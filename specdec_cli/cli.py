@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 import sys
 from pathlib import Path
@@ -216,8 +217,8 @@ def _validate(
     threads: int | None,
 ) -> None:
     """Plain values first: one clear line, exit 2."""
-    if temp < 0:
-        raise _usage(f"--temp must be >= 0 (0 = greedy), got {temp}")
+    if not (math.isfinite(temp) and temp >= 0):  # NaN fails every comparison: test what is allowed
+        raise _usage(f"--temp must be a finite number >= 0 (0 = greedy), got {temp}")
     if draft_max is not None and draft_max < 1:
         raise _usage(f"--draft-max must be >= 1, got {draft_max} (use --no-draft to run the target alone)")
     if max_tokens < 1:

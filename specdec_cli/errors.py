@@ -31,3 +31,7 @@ class ConfigError(SpecdecError):
 
 class UnsupportedModelError(SpecdecError):
     """The model cannot do what was asked (no cache rollback, no chat template)."""
+
+
+class ModelOutputError(SpecdecError):
+    """A model produced logits that are not finite numbers (corrupt weights)."""

@@ -28,7 +28,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.engine.events import DRAFT, Prefill, Result, Step
+from specdec_cli.engine.events import DRAFT, DrafterDropped, Prefill, Result, Step
 from specdec_cli.engine.stats import Stats
 from specdec_cli.hub import human_bytes
 
@@ -109,7 +109,7 @@ class Renderer:
 
     def start(self) -> None: ...
 
-    def event(self, ev: Prefill | Step, stats: Stats) -> None: ...
+    def event(self, ev: Prefill | Step | DrafterDropped, stats: Stats) -> None: ...
 
     def finish(self, result: Result, stats: Stats, payload: dict[str, Any]) -> None: ...
 
@@ -120,6 +120,10 @@ class Renderer:
 class JsonRenderer(Renderer):
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out or sys.stdout
+
+    def event(self, ev: Prefill | Step | DrafterDropped, stats: Stats) -> None:
+        if isinstance(ev, DrafterDropped):
+            warning(ev.reason)
 
     def finish(self, result: Result, stats: Stats, payload: dict[str, Any]) -> None:
         self.out.write(json.dumps(payload, ensure_ascii=False) + "\n")
@@ -133,8 +137,11 @@ class PlainRenderer(Renderer):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
 
-    def event(self, ev: Prefill | Step, stats: Stats) -> None:
-        if isinstance(ev, Step):
+    def event(self, ev: Prefill | Step | DrafterDropped, stats: Stats) -> None:
+        if isinstance(ev, DrafterDropped):
+            self.out.flush()
+            warning(ev.reason, self.err)
+        elif isinstance(ev, Step):
             for tok in ev.emitted:
                 self.out.write(tok.text)
             self.out.flush()
@@ -196,10 +203,17 @@ class LiveRenderer(Renderer):
         if self.live is not None:
             self._start_live()
 
-    def event(self, ev: Prefill | Step, stats: Stats) -> None:
+    def event(self, ev: Prefill | Step | DrafterDropped, stats: Stats) -> None:
         self._stats = stats
         if isinstance(ev, Prefill):
             self._t0 = time.perf_counter()
+            return
+        if isinstance(ev, DrafterDropped):
+            if self.live is not None:
+                self.live.stop()
+            self.err.print(f"Warning: {ev.reason}", style="yellow", highlight=False, markup=False)
+            if self.live is not None:
+                self._start_live()
             return
         for tok in ev.emitted:
             piece = styled_token(tok.text, tok.source)

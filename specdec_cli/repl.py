@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from specdec_cli import render
 from specdec_cli.chat_session import SETTABLE, ChatSession
-from specdec_cli.engine.events import Step
+from specdec_cli.engine.events import DrafterDropped, Step
 from specdec_cli.errors import SpecdecError
 
 HELP = """commands:
@@ -124,6 +124,10 @@ class Repl:
             for ev in self.session.reply(text, should_stop=lambda: self._stop):
                 if isinstance(ev, Step):
                     renderer.step(ev)
+                elif isinstance(ev, DrafterDropped):
+                    self.out.flush()
+                    render.warning(ev.reason, self.err)
+                    self.session.draft_on = False
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)

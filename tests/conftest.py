@@ -99,3 +99,24 @@ def not_gguf(tmp_path: Path) -> Path:
 @pytest.fixture
 def string_io() -> io.StringIO:
     return io.StringIO()
+
+
+def corrupt_copy(src: Path, dst: Path, *, at: float = 0.6, n_bytes: int = 2_000_000, seed: int = 0) -> Path:
+    """A copy of a GGUF with random bytes written into its tensor data (it still loads)."""
+    import numpy as np
+
+    data = bytearray(src.read_bytes())
+    start = int(len(data) * at)  # well past the header and vocabulary: inside tensor data
+    data[start : start + n_bytes] = np.random.default_rng(seed).bytes(n_bytes)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def corrupt_draft_path(smol_q2k_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return corrupt_copy(smol_q2k_path, tmp_path_factory.mktemp("corrupt") / "corrupt-draft.gguf")
+
+
+@pytest.fixture(scope="session")
+def corrupt_target_path(smol_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return corrupt_copy(smol_path, tmp_path_factory.mktemp("corrupt") / "corrupt-target.gguf")

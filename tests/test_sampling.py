@@ -14,6 +14,7 @@ from specdec_cli.engine.sampling import (
     accept_probability,
     process,
     residual,
+    rows_finite,
     sample,
     verify_greedy,
     verify_sampled,
@@ -218,3 +219,43 @@ def test_invalid_settings_are_rejected() -> None:
         SamplerSettings(temperature=-0.1).validate()
     with pytest.raises(ValueError, match="top-p"):
         SamplerSettings(top_p=0).validate()
+
+
+# ------------------------------------------------- non-finite values (hostile input)
+@pytest.mark.parametrize("temp", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_temperature_is_rejected(temp: float) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        SamplerSettings(temperature=temp).validate()
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_p", float("nan")), ("min_p", float("nan"))])
+def test_nan_masks_are_rejected(field: str, value: float) -> None:
+    with pytest.raises(ValueError):
+        SamplerSettings(**{field: value}).validate()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("temp", [1e-300, 1e-30, 1e-6])
+def test_tiny_temperature_gives_a_finite_distribution(temp: float) -> None:
+    """(v - max) / T before exp: a tiny T concentrates on the argmax instead of making inf - inf = NaN."""
+    row = np.array([2.0, 1.0, 0.5, -3.0], dtype=np.float32)
+    d = process(row, SamplerSettings(temperature=temp, top_k=0, top_p=1, min_p=0))
+    assert np.isfinite(d.probs).all()
+    assert d.ids[0] == 0 and d.probs[0] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", [(0, 0), (1, 5), (2, 11)])
+def test_rows_finite_sees_one_bad_value_anywhere(bad: float, where: tuple[int, int]) -> None:
+    rows = np.random.default_rng(0).normal(size=(3, V)).astype(np.float32)
+    assert rows_finite(rows)
+    rows[where] = bad
+    assert not rows_finite(rows)
+    assert not rows_finite(rows[where[0]])
+
+
+def test_acceptance_test_refuses_nan_instead_of_accepting() -> None:
+    """min(1, p / nan) is 1 in Python: a NaN q must raise, never accept."""
+    p = dist_from_dense(np.array([0.5, 0.5, 0.0]))
+    q = Dist(np.array([0, 1], dtype=np.int64), np.array([np.nan, np.nan]))
+    with pytest.raises(ValueError, match="non-finite"):
+        accept_probability(p, q, 0)

@@ -18,7 +18,11 @@ from typing import Protocol
 import numpy as np
 
 from specdec_cli.engine.model import Model
-from specdec_cli.engine.sampling import Dist, SamplerSettings, process, sample
+from specdec_cli.engine.sampling import Dist, SamplerSettings, process, rows_finite, sample
+
+
+class DraftUnusable(Exception):
+    """The drafter cannot go on (its model produced non-finite logits): drop it for the run."""
 
 
 class Drafter(Protocol):
@@ -74,6 +78,12 @@ class ModelDrafter:
         dists: list[Dist] = []
         for j in range(k):
             row = rows[0]
+            if not rows_finite(row):
+                # Corrupt weights: a NaN q would make min(1, p/q) accept anything.
+                raise DraftUnusable(
+                    f"the draft model {self.model.path.name} produced non-finite logits (NaN or infinity); "
+                    "its weights are probably corrupt"
+                )
             if sampler.greedy:
                 tok = int(np.argmax(row))
                 # The top token's softmax probability, without materialising the softmax.

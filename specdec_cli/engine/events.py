@@ -38,6 +38,13 @@ class Step:
     stop: str | None = None  # set on the step that ended generation
 
 
+@dataclass(frozen=True)
+class DrafterDropped:
+    """The drafter was taken out for the rest of the run; the target goes on alone."""
+
+    reason: str
+
+
 @dataclass
 class Result:
     text: str

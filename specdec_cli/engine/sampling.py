@@ -11,6 +11,7 @@ or softmaxed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,8 +32,10 @@ class SamplerSettings:
         return self.temperature <= 0.0
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        # `not (x >= 0)` rather than `x < 0`: NaN fails every comparison, and a NaN
+        # temperature would turn every probability into NaN (accepted by min(1, p/q)).
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -84,6 +87,9 @@ def process(logits: np.ndarray, s: SamplerSettings) -> Dist:
     vals = logits[ids].astype(np.float64)
     order = np.argsort(-vals, kind="stable")
     ids, vals = ids[order], vals[order]
+    # Shift by the maximum before dividing by the temperature: (v - max) / T <= 0, so even
+    # a tiny temperature gives exp(-inf) = 0 for the rest, never inf - inf = NaN.
+    vals = vals - vals[0]
 
     if s.top_p < 1.0:
         cum = np.cumsum(_softmax(vals))
@@ -93,6 +99,16 @@ def process(logits: np.ndarray, s: SamplerSettings) -> Dist:
         keep = max(1, int(np.count_nonzero(vals >= vals[0] + np.log(s.min_p))))
         ids, vals = ids[:keep], vals[:keep]
     return Dist(ids.astype(np.int64), _softmax(vals / s.temperature))
+
+
+def rows_finite(rows: np.ndarray) -> bool:
+    """True when every logit in `rows` is finite: one vectorised pass, no temporary mask.
+
+    A NaN anywhere makes the sum NaN and an infinity makes it infinite; finite logits
+    large enough to overflow the sum (beyond 1e34) are garbage too. Called on every
+    verification batch and every draft row, so it must cost next to nothing.
+    """
+    return bool(np.isfinite(np.add.reduce(rows, axis=None)))
 
 
 def sample(dist: Dist, rng: np.random.Generator) -> int:
@@ -124,11 +140,15 @@ def residual(p: Dist, q: Dist) -> Dist | None:
 
 def accept_probability(p: Dist, q: Dist, token: int) -> float:
     """min(1, p(x) / q(x)) for a token the drafter drew from q."""
-    qx = q.prob(token)
+    qx, px = q.prob(token), p.prob(token)
+    if not (math.isfinite(qx) and math.isfinite(px)):
+        # min(1, p / nan) is 1 in Python: a NaN here would accept anything. The engine
+        # checks logits before they reach this point; this is the last line of defence.
+        raise ValueError(f"non-finite probability in the acceptance test (p={px}, q={qx})")
     if qx <= 0.0:
         # The drafter cannot have drawn it; treat it as a point mass proposal.
         qx = 1.0
-    return min(1.0, p.prob(token) / qx)
+    return min(1.0, px / qx)
 
 
 def verify_sampled(

@@ -29,18 +29,19 @@ from functools import partial
 
 import numpy as np
 
-from specdec_cli.engine.drafters import Drafter
-from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Prefill, Result, Step
+from specdec_cli.engine.drafters import Drafter, DraftUnusable
+from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Prefill, Result, Step
 from specdec_cli.engine.gate import CostGate
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.sampling import (
     Dist,
     SamplerSettings,
     process,
+    rows_finite,
     verify_greedy,
     verify_sampled,
 )
-from specdec_cli.errors import ContextError
+from specdec_cli.errors import ContextError, ModelOutputError
 
 
 def _row_dist(rows: np.ndarray, sampler: SamplerSettings, i: int) -> Dist:
@@ -137,7 +138,7 @@ class SpeculativeGenerator:
         return out, None
 
     # ------------------------------------------------------------ the loop
-    def events(self) -> Iterator[Prefill | Step]:
+    def events(self) -> Iterator[Prefill | Step | DrafterDropped]:
         t_start = time.perf_counter()
         try:
             yield from self._run()
@@ -145,7 +146,7 @@ class SpeculativeGenerator:
             self.result.text += self._decoder.decode(b"", final=True)
             self.result.wall_seconds = time.perf_counter() - t_start
 
-    def _run(self) -> Iterator[Prefill | Step]:
+    def _run(self) -> Iterator[Prefill | Step | DrafterDropped]:
         cfg, target, res = self.config, self.target, self.result
         # Prefill: all but the last prompt token into the target (the last one
         # opens the first verification batch), the whole prompt into the draft.
@@ -183,19 +184,33 @@ class SpeculativeGenerator:
             q_dists: list[Dist] = []
             t_draft = t_sample = 0.0
             if k > 0:
-                assert self.drafter is not None
-                td0, t0 = self.drafter.decode_seconds(), time.perf_counter()
-                drafted, q_dists = self.drafter.propose(context, k, cfg.sampler, self.rng, self.eog, cfg.draft_p_min)
+                drafter = self.drafter
+                assert drafter is not None
+                td0, t0 = drafter.decode_seconds(), time.perf_counter()
+                try:
+                    drafted, q_dists = drafter.propose(
+                        context, k, cfg.sampler, self.rng, self.eog, cfg.draft_p_min
+                    )
+                except DraftUnusable as exc:
+                    # Nothing it proposed reaches the verifier: the target goes on alone.
+                    self.drafter, gate, k = None, None, 0
+                    yield DrafterDropped(f"{exc}: speculation is off for the rest of this run")
                 if gate is not None:
                     gate.propose(len(context), drafted)
                     j = gate.choose(len(drafted))
                     drafted, q_dists = drafted[:j], q_dists[:j]
-                t_draft = self.drafter.decode_seconds() - td0
+                t_draft = drafter.decode_seconds() - td0
                 t_sample = time.perf_counter() - t0 - t_draft
 
             tt0 = target.decode_seconds
             rows = target.decode([context[-1], *drafted], n_logits=len(drafted) + 1)
             t_target = target.decode_seconds - tt0
+            if not rows_finite(rows):
+                target.rollback(n_cached)
+                raise ModelOutputError(
+                    f"the target model {target.path.name} produced non-finite logits (NaN or infinity) "
+                    f"at position {n_cached}: its weights are probably corrupt; re-download or re-convert it"
+                )
             if gate is not None:
                 gate.observe_cost(len(drafted) + 1, t_target)
             t0 = time.perf_counter()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_cli.engine.events import DRAFT, Prefill, Step
+from specdec_cli.engine.events import DRAFT, DrafterDropped, Prefill, Step
 
 
 @dataclass
@@ -29,10 +29,10 @@ class Stats:
     t_prefill: float = 0.0
     current_k: int = 0
 
-    def observe(self, ev: Prefill | Step) -> None:
+    def observe(self, ev: Prefill | Step | DrafterDropped) -> None:
         if isinstance(ev, Step):
             self.add(ev)
-        else:
+        elif isinstance(ev, Prefill):
             self.add_prefill(ev)
 
     def add_prefill(self, ev: Prefill) -> None:
