@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from specdec_cli import packaged, runner
+from specdec_cli import api
 from specdec_cli.chat_session import ChatSession
 from specdec_cli.engine.events import Step
-from specdec_cli.engine.speculative import GenerationConfig
 
 QUESTIONS = [
     "Name a fruit.", "Why is it healthy?", "Name a vegetable.", "How do I cook it?", "Name a spice.",
@@ -27,14 +26,14 @@ QUESTIONS = [
 
 def ttft(session: ChatSession, text: str) -> tuple[float, int, int]:
     t0 = time.perf_counter()
-    tgt0, dr0 = session.pair.target.decoded_tokens, session.pair.draft.decoded_tokens if session.pair.draft else 0
+    before = session.spec.tokens_evaluated
     first = None
     evaluated = (0, 0)
     for ev in session.reply(text):
         if first is None and isinstance(ev, Step) and ev.emitted:
             first = time.perf_counter() - t0
-            d = session.pair.draft
-            evaluated = (session.pair.target.decoded_tokens - tgt0, (d.decoded_tokens - dr0) if d else 0)
+            now = session.spec.tokens_evaluated
+            evaluated = (now["target"] - before["target"], now["draft"] - before["draft"])
     return (first if first is not None else float("nan")), evaluated[0], evaluated[1]
 
 
@@ -44,25 +43,23 @@ def main() -> None:
     ap.add_argument("-n", "--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    target = packaged.smollm2_path()
-    choice = runner.ModelChoice(target, packaged.derived_draft(target, "Q2_K"), "smollm2-135m-q2k", 4)
-    pair = runner.load_pair(choice, n_ctx=4096, n_threads=args.threads, gpu_layers=0, draft_gpu_layers=0)
-    session = ChatSession(pair, GenerationConfig(max_tokens=args.max_tokens, draft_max=4))
+    spec = api.load(pair="smollm2-135m-q2k", n_ctx=4096, n_threads=args.threads)
+    session = ChatSession(spec, api.GenerateOptions(max_tokens=args.max_tokens, draft_max=4))
     print("turn  conversation tokens  evaluated (target/draft) before 1st token  time to first token")
     for i in range(args.turns):
         q = QUESTIONS[i % len(QUESTIONS)]
-        n_conv = len(session.prompt_tokens(q, 0)[0])
+        n_conv = len(session.prompt_tokens(q, 0)[0].ids)
         t, et, ed = ttft(session, q)
         print(f"{i + 1:4d}  {n_conv:19d}  {et:17d} / {ed:<5d}                  {t * 1000:8.1f} ms")
     # the same last turn with cold caches, for comparison
     history = list(session.history[:-2])
-    pair.target.reset()
-    if pair.draft is not None:
-        pair.draft.reset()
+    spec.target.reset()
+    if spec.draft is not None:
+        spec.draft.reset()
     session.history = history
     t, et, ed = ttft(session, QUESTIONS[(args.turns - 1) % len(QUESTIONS)])
     print(f"cold  (last turn, caches cleared)  {et} / {ed} evaluated, time to first token {t * 1000:.1f} ms")
-    pair.close()
+    spec.close()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,15 @@ class SpecdecError(Exception):
     exit_code = 1
 
 
+class UsageError(SpecdecError, ValueError):
+    """A value or a combination of options that cannot work (exit code 2).
+
+    Also a ValueError, so that Python callers of the API can catch it as one.
+    """
+
+    exit_code = 2
+
+
 class ModelFileError(SpecdecError):
     """A model path that is missing, not GGUF, truncated, or unloadable."""
 

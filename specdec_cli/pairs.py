@@ -9,11 +9,15 @@ verdict "compatible (padded)".
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specdec_cli.engine.model import VocabInfo
+
+if TYPE_CHECKING:
+    from specdec_cli.probe import ProbeResult
 
 COMPATIBLE = "compatible"
 PADDED = "compatible (padded)"
@@ -139,6 +143,25 @@ class PairReport:
     @property
     def fits(self) -> bool:
         return self.memory_available is None or self.memory_needed <= self.memory_available
+
+    def as_dict(self, probe: ProbeResult | None = None) -> dict[str, Any]:
+        """`pair-check --json` (byte strings as text)."""
+        payload: dict[str, Any] = _plain(dataclasses.asdict(self))
+        payload["verdict"] = self.verdict.verdict
+        payload["reason"] = self.verdict.reason
+        payload["fits_in_memory"] = self.fits
+        payload["probe"] = _plain(dataclasses.asdict(probe)) if probe else None
+        return payload
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    if isinstance(x, (list, tuple)):
+        return [_plain(i) for i in x]
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
 
 
 def special_differences(t: VocabInfo, d: VocabInfo) -> list[tuple[int, bytes, bytes]]:

@@ -294,3 +294,66 @@ def resolve(source: Source, pair_name: str, role: str = "model") -> Path:
         f"pair {pair_name!r}: the {role} {source.repo}/{source.file}{size} is not on disk: "
         f"run `specdec models pull {pair_name}`, or {hub.fetch_by_hand(source.hub_file())}"
     )
+
+
+@dataclass
+class PairStatus:
+    """A pair and where its files are now (nothing built or downloaded to find out)."""
+
+    pair: Pair
+    target_path: Path | None
+    draft_path: Path | None
+    target_url: str | None = None
+    draft_url: str | None = None
+    partial: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def of(pair: Pair) -> PairStatus:
+        e = PairStatus(pair, on_disk(pair.target), on_disk(pair.draft))
+        for role, src in (("target", pair.target), ("draft", pair.draft)):
+            if src.repo:
+                setattr(e, f"{role}_url", hub.file_url(src.hub_file()))
+                kept = hub.partial_bytes(src.hub_file()) if getattr(e, f"{role}_path") is None else 0
+                if kept:
+                    e.partial[role] = kept
+        return e
+
+    @property
+    def state(self) -> str:
+        ready = [
+            path is not None or bool(src.requantize)  # a requantized draft is built offline on first use
+            for path, src in ((self.target_path, self.pair.target), (self.draft_path, self.pair.draft))
+        ]
+        state = {(True, True): "yes", (True, False): "target only", (False, True): "draft only"}.get(
+            (ready[0], ready[1]), "no"
+        )
+        if self.partial:
+            state += " (partial download kept)"
+        return state
+
+    def as_dict(self, default: str | None) -> dict[str, object]:
+        p = self.pair
+
+        def source(src: Source, path: Path | None, url: str | None) -> dict[str, object]:
+            return {
+                "kind": src.kind,
+                "source": src.describe(),
+                "repo": src.repo,
+                "file": src.file,
+                "url": url,
+                "size_gb": src.size_gb,
+                "unverified": src.unverified,
+                "path": str(path) if path else None,
+            }
+
+        return {
+            "name": p.name,
+            "default": p.name == default,
+            "description": p.description,
+            "draft_max": p.draft_max,
+            "notes": p.notes,
+            "origin": str(p.origin),
+            "on_disk": self.state,
+            "target": source(p.target, self.target_path, self.target_url),
+            "draft": source(p.draft, self.draft_path, self.draft_url),
+        }

@@ -1,30 +1,23 @@
-"""From options to loaded models and a tokenized prompt; shared by run and chat.
+"""From options to loaded models and a tokenized prompt; the API's plumbing.
 
 Nothing here prints: the CLI decides what the user sees.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specdec_cli import pairs, registry
 from specdec_cli.engine import chat
-from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec_cli.engine.config import MODEL, NGRAM, NONE
 from specdec_cli.engine.model import Model, check_gguf_file
-from specdec_cli.errors import IncompatiblePairError, SpecdecError
+from specdec_cli.errors import ConfigError, IncompatiblePairError, UsageError
 
-
-class UsageProblem(SpecdecError):
-    """Options that contradict each other (exit code 2)."""
-
-    exit_code = 2
-
-
-MODEL = "model"
-NGRAM = "ngram"
-DRAFTERS = (MODEL, NGRAM)
+ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
@@ -33,7 +26,17 @@ class ModelChoice:
     draft: Path | None
     pair: str | None
     draft_max: int | None  # the pair's recommended K, when a pair was used
-    drafter: str | None = MODEL  # MODEL (needs `draft`), NGRAM, or None: the target alone
+
+
+def is_pair_name(name: str | os.PathLike[str]) -> bool:
+    """A models.toml pair name given where a path is expected (no such file, a known name)."""
+    text = os.fspath(name)
+    if os.path.exists(text) or os.sep in text or text.endswith(".gguf"):
+        return False
+    try:
+        return text in registry.load().pairs
+    except ConfigError:
+        return False
 
 
 def choose_models(
@@ -41,34 +44,31 @@ def choose_models(
     draft: Path | None,
     pair: str | None,
     no_draft: bool,
-    models_toml: Path | None = None,
     drafter: str = MODEL,
 ) -> ModelChoice:
+    """Which files to load for these options (nothing is loaded or downloaded here)."""
     if pair and (target or draft):
-        raise UsageProblem("--pair cannot be combined with --target/--draft")
+        raise UsageError("--pair cannot be combined with --target/--draft")
     if draft and no_draft:
-        raise UsageProblem("--draft and --no-draft contradict each other")
+        raise UsageError("--draft and --no-draft contradict each other")
     if drafter == NGRAM:
         if no_draft:
-            raise UsageProblem("--drafter ngram and --no-draft contradict each other")
+            raise UsageError("--drafter ngram and --no-draft contradict each other")
         if draft:
-            raise UsageProblem("--drafter ngram uses no draft model: drop --draft")
+            raise UsageError("--drafter ngram uses no draft model: drop --draft")
     if target or draft:
         if not target:
-            raise UsageProblem("--draft needs --target (the model whose output you want)")
-        if drafter == NGRAM:
-            return ModelChoice(check_gguf_file(target), None, None, None, NGRAM)
-        if not draft and not no_draft:
-            raise UsageProblem("--target needs --draft DRAFT, --drafter ngram, or --no-draft to run it alone")
+            raise UsageError("--draft needs --target (the model whose output you want)")
+        if drafter == MODEL and not draft and not no_draft:
+            raise UsageError("--target needs --draft DRAFT, --drafter ngram, or --no-draft to run it alone")
         d = check_gguf_file(draft) if draft else None
-        return ModelChoice(check_gguf_file(target), d, None, None, MODEL if d else None)
-    reg = registry.load(models_toml)
+        return ModelChoice(check_gguf_file(target), d, None, None)
+    reg = registry.load()
     entry = reg.get(pair) if pair else reg.default_pair()
     t = registry.resolve(entry.target, entry.name, "target")
-    if drafter == NGRAM:
-        return ModelChoice(t, None, entry.name, None, NGRAM)
-    d = None if no_draft else registry.resolve(entry.draft, entry.name, "draft")
-    return ModelChoice(t, d, entry.name, entry.draft_max, MODEL if d else None)
+    if drafter in (NGRAM, NONE) or no_draft:
+        return ModelChoice(t, None, entry.name, None)
+    return ModelChoice(t, registry.resolve(entry.draft, entry.name, "draft"), entry.name, entry.draft_max)
 
 
 def check_pair(target: Path, draft: Path) -> pairs.Verdict:
@@ -85,57 +85,42 @@ def check_pair(target: Path, draft: Path) -> pairs.Verdict:
     return verdict
 
 
-@dataclass
-class LoadedPair:
-    target: Model
-    draft: Model | None
-    ngram: tuple[int, int] | None = None  # (n_min, n_max) for the n-gram drafter
-
-    @property
-    def drafter_kind(self) -> str | None:
-        return NGRAM if self.ngram else MODEL if self.draft is not None else None
-
-    def drafter(self) -> Drafter | None:
-        """A fresh drafter for one generation (None: the target alone)."""
-        if self.ngram:
-            return NgramDrafter(*self.ngram)
-        return ModelDrafter(self.draft) if self.draft is not None else None
-
-    def close(self) -> None:
-        self.target.close()
-        if self.draft is not None:
-            self.draft.close()
-
-
 def load_pair(
-    choice: ModelChoice,
-    *,
-    n_ctx: int,
-    n_threads: int | None,
-    gpu_layers: int,
-    draft_gpu_layers: int,
-    ngram: tuple[int, int] = (2, 4),
-) -> LoadedPair:
+    choice: ModelChoice, *, n_ctx: int, n_threads: int | None, gpu_layers: int, draft_gpu_layers: int
+) -> tuple[Model, Model | None]:
+    """Both models, or neither: a draft that fails to load frees the target."""
     if choice.draft is not None and choice.draft.resolve() != choice.target.resolve():
         check_pair(choice.target, choice.draft)
     target = Model(choice.target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=gpu_layers)
-    draft = None
     try:
+        draft = None
         if choice.draft is not None:
             draft = Model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers)
     except BaseException:
         target.close()
         raise
-    return LoadedPair(target, draft, ngram if choice.drafter == NGRAM else None)
+    return target, draft
 
 
-def chat_messages(prompt: str, system: str | None, history: Sequence[dict[str, str]] = ()) -> list[dict[str, str]]:
+def chat_messages(prompt: str, system: str | None, history: Sequence[Mapping[str, str]] = ()) -> list[dict[str, str]]:
     messages: list[dict[str, str]] = []
     if system:
         messages.append({"role": "system", "content": system})
-    messages.extend(history)
+    messages.extend(dict(m) for m in history)
     messages.append({"role": "user", "content": prompt})
     return messages
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    """A list of {"role", "content"} with known roles and string contents, or a UsageError."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise UsageError("messages must be a non-empty list of {'role': ..., 'content': ...}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("content"), str) or m.get("role") not in ROLES:
+            raise UsageError(f"message {i} needs a role ({', '.join(ROLES)}) and a string content")
+        out.append({"role": str(m["role"]), "content": str(m["content"])})
+    return out
 
 
 def tokenize_prompt(model: Model, prompt: str, *, use_chat: bool | None, system: str | None) -> tuple[list[int], bool]:
@@ -148,12 +133,12 @@ def tokenize_prompt(model: Model, prompt: str, *, use_chat: bool | None, system:
         use_chat = template is not None
     if not use_chat:
         if system:
-            raise UsageProblem("--system needs the chat template; it cannot be used with --raw")
+            raise UsageError("--system needs the chat template; it cannot be used with --raw")
         return model.tokenize(prompt, add_special=True, parse_special=True), False
     return tokenize_chat(model, template, chat_messages(prompt, system)), True
 
 
-def tokenize_chat(model: Model, template: str | None, messages: Sequence[dict[str, str]]) -> list[int]:
+def tokenize_chat(model: Model, template: str | None, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """The conversation through the chat template, ready to generate the assistant's turn."""
     sp = model.special_texts()
     text = chat.render(template, messages, bos_token=sp.bos_text, eos_token=sp.eos_text)

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from specdec_cli import packaged
+from specdec_cli.api import Speculator
 from specdec_cli.engine.model import Model
+from specdec_cli.runner import ModelChoice
 
 N_CTX = 1024
 THREADS = 2
@@ -120,3 +122,9 @@ def corrupt_draft_path(smol_q2k_path: Path, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture(scope="session")
 def corrupt_target_path(smol_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return corrupt_copy(smol_path, tmp_path_factory.mktemp("corrupt") / "corrupt-target.gguf")
+
+
+def wrap(target: Model, draft: Model | None = None, drafter: str = "model", draft_max: int | None = None) -> Speculator:
+    """A Speculator over models a fixture already loaded (not closed by the test: the fixture owns them)."""
+    choice = ModelChoice(target.path, draft.path if draft else None, None, draft_max)
+    return Speculator(choice, target, draft, drafter=drafter, ngram=(2, 4), n_threads=THREADS)

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sstats  # type: ignore[import-untyped]
 
+from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.drafters import Drafter
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.sampling import SamplerSettings, process
-from specdec_cli.engine.speculative import GenerationConfig, generate
+from specdec_cli.engine.speculative import generate
 
 SAMPLER = SamplerSettings(temperature=1.0, top_k=20, top_p=1.0, min_p=0.0)
 PROMPT = "My favourite animal is the"

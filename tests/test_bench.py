@@ -8,10 +8,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from specdec_cli import bench, render
+from specdec_cli.bench import core as bench
+from specdec_cli.bench import external
+from specdec_cli.bench.plot import plot
 from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Step
 from specdec_cli.engine.stats import Stats
+from specdec_cli.errors import SpecdecError
 from specdec_cli.prompts import BenchPrompt
+from specdec_cli.render.reports import bench_report
 
 
 def test_parse_configs() -> None:
@@ -54,7 +58,7 @@ def test_summaries_speedup_identity_and_split() -> None:
     assert sum(s.split.values()) == pytest.approx(1.0)
     assert s.overhead_fraction == pytest.approx(0.1)
     buf = io.StringIO()
-    render.bench_report(res.summaries(), greedy=True, console=Console(file=buf, width=160))
+    bench_report(res.summaries(), greedy=True, console=Console(file=buf, width=160))
     out = buf.getvalue()
     assert "NO" in out and "2.00x" in out and "ngram:2: acceptance by draft position 1:100% 2:0%" in out
 
@@ -65,10 +69,10 @@ def test_llama_cpp_output_and_command(tmp_path: Path) -> None:
         "decoded   45 tokens in    0.749 seconds, speed:   60.055 t/s\n"
         "n_drafted    = 32\nn_accept     = 5\n"
     )
-    assert bench.parse_llama_cpp(out) == (45, 0.749, 32, 5)
-    with pytest.raises(bench.SpecdecError):
-        bench.parse_llama_cpp("segmentation fault")
-    cmd = bench.llama_cpp_command(
+    assert external.parse_llama_cpp(out) == (45, 0.749, 32, 5)
+    with pytest.raises(SpecdecError):
+        external.parse_llama_cpp("segmentation fault")
+    cmd = external.llama_cpp_command(
         tmp_path, bench.BenchConfig("model:3", "model", 3), Path("t.gguf"), Path("d.gguf"), "hi",
         max_tokens=32, threads=2, ctx=1024,
     )  # fmt: skip
@@ -91,5 +95,5 @@ def test_prompts_file_and_plot(tmp_path: Path) -> None:
     res.records.append(bench.RunRecord("target", "p1", "a", 0, [2], 0.1, _stats(0, 0, 0.09)))
     res.records.append(bench.RunRecord("ngram:2", "p1", "a", 0, [1, 2], 0.1, _stats(2, 1, 0.09)))
     png = tmp_path / "out.png"
-    bench.plot(res.summaries(), png)
+    plot(res.summaries(), png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

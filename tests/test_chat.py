@@ -9,24 +9,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import runner as runner_mod
+from specdec_cli import api
+from specdec_cli.api import GenerateOptions
 from specdec_cli.chat_session import ChatSession
 from specdec_cli.cli import app
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.model import Model
-from specdec_cli.engine.speculative import GenerationConfig
-from specdec_cli.errors import UnsupportedModelError
+from specdec_cli.errors import UnsupportedModelError, UsageError
+from tests.conftest import wrap
 
 cli = CliRunner()
-FAST = ["--ctx-size", "1024", "--threads", "2", "-n", "24"]
+FAST = ["--ctx-size", "1024", "--threads", "2", "-n", "24", "--drafter", "model"]
 
 
 @pytest.fixture
 def session(smol_path: Path, smol_q2k_path: Path) -> Iterator[ChatSession]:
-    choice = runner_mod.ModelChoice(smol_path, smol_q2k_path, None, 4)
-    loaded = runner_mod.load_pair(choice, n_ctx=1024, n_threads=2, gpu_layers=0, draft_gpu_layers=0)
-    yield ChatSession(loaded, GenerationConfig(max_tokens=24, draft_max=4))
-    loaded.close()
+    with api.load(smol_path, smol_q2k_path, n_ctx=1024, n_threads=2) as spec:
+        yield ChatSession(spec, GenerateOptions(max_tokens=24, draft_max=4))
 
 
 def drain(session: ChatSession, text: str, stop_after: int | None = None) -> str:
@@ -38,14 +37,15 @@ def drain(session: ChatSession, text: str, stop_after: int | None = None) -> str
     for ev in session.reply(text, should_stop=should_stop):
         if isinstance(ev, Step):
             n += 1
+    assert session.last is not None
     return session.last.text
 
 
 def test_second_turn_evaluates_only_new_tokens(session: ChatSession) -> None:
     drain(session, "Name a fruit.")
-    target = session.pair.target
+    target = session.spec.target
     before = target.decoded_tokens
-    turn2_prompt, _ = session.prompt_tokens("Name a vegetable.", 0)
+    turn2_prompt = session.prompt_tokens("Name a vegetable.", 0)[0].ids
     reused = target.common_prefix(turn2_prompt)
     drain(session, "Name a vegetable.")
     prefill_and_steps = target.decoded_tokens - before
@@ -60,47 +60,44 @@ def test_interrupted_reply_keeps_text_and_caches_consistent(
     session: ChatSession, smol_path: Path, smol_q2k_path: Path
 ) -> None:
     partial = drain(session, "Write a long story about a lighthouse.", stop_after=3)
-    assert session.last.stop_reason == "interrupted"
+    assert session.last is not None and session.last.stop_reason == "interrupted"
     assert session.history[-1] == {"role": "assistant", "content": partial} and partial
     after = drain(session, "Give it a title.")
     # a fresh session with the same history (cold caches) must say exactly the same
-    choice = runner_mod.ModelChoice(smol_path, smol_q2k_path, None, 4)
-    fresh_pair = runner_mod.load_pair(choice, n_ctx=1024, n_threads=2, gpu_layers=0, draft_gpu_layers=0)
-    try:
-        fresh = ChatSession(fresh_pair, GenerationConfig(max_tokens=24, draft_max=4))
+    with api.load(smol_path, smol_q2k_path, n_ctx=1024, n_threads=2) as fresh_spec:
+        fresh = ChatSession(fresh_spec, GenerateOptions(max_tokens=24, draft_max=4))
         fresh.history = list(session.history[:-2])
         assert drain(fresh, "Give it a title.") == after
-    finally:
-        fresh_pair.close()
 
 
 def test_near_context_limit_drops_oldest_turns(smol_path: Path, smol_q2k_path: Path) -> None:
-    choice = runner_mod.ModelChoice(smol_path, smol_q2k_path, None, 4)
-    loaded = runner_mod.load_pair(choice, n_ctx=256, n_threads=2, gpu_layers=0, draft_gpu_layers=0)
-    try:
-        s = ChatSession(loaded, GenerationConfig(max_tokens=40, draft_max=4), system="You are brief.")
+    with api.load(smol_path, smol_q2k_path, n_ctx=256, n_threads=2) as spec:
+        s = ChatSession(spec, GenerateOptions(max_tokens=40, draft_max=4), system="You are brief.")
         for i in range(6):
             drain(s, f"Tell me fact number {i} about the ocean.")
-            assert s.last.text
+            assert s.last is not None and s.last.text
         assert s.dropped_turns > 0
         tokens, _ = s.prompt_tokens("one more", 40)
-        assert len(tokens) + 40 <= 256
-        assert s._messages("x")[0] == {"role": "system", "content": "You are brief."}  # system prompt kept
-    finally:
-        loaded.close()
+        assert len(tokens.ids) + 40 <= 256
+        assert s.history and s.system == "You are brief."  # the system prompt is kept, old turns dropped
 
 
 def test_set_validates(session: ChatSession) -> None:
     assert session.set("temp", "0.7") == "temp = 0.7"
-    assert session.config.sampler.temperature == 0.7
-    with pytest.raises(ValueError, match="temperature"):
+    assert session.options.temperature == 0.7
+    with pytest.raises(UsageError, match="--temp"):
         session.set("temp", "-1")
-    with pytest.raises(ValueError, match="needs a number"):
+    with pytest.raises(UsageError, match="--temp"):
+        session.set("temp", "nan")
+    with pytest.raises(UsageError, match="needs a number"):
         session.set("top_k", "many")
-    with pytest.raises(ValueError, match="draft-max"):
+    with pytest.raises(UsageError, match="draft-max"):
         session.set("draft_max", "0")
-    with pytest.raises(ValueError, match="unknown setting"):
+    with pytest.raises(UsageError, match="--seed"):
+        session.set("seed", "-1")
+    with pytest.raises(UsageError, match="unknown setting"):
         session.set("colour", "red")
+    assert session.options.temperature == 0.7 and session.options.seed is None  # refused values left nothing
 
 
 def test_base_model_is_refused(gemma_path: Path) -> None:
@@ -161,16 +158,14 @@ def test_chat_model_file_errors(tmp_path: Path) -> None:
 
 
 def test_session_requires_template(gemma: Model) -> None:
-    loaded = runner_mod.LoadedPair(gemma, None)
     with pytest.raises(UnsupportedModelError):
-        ChatSession(loaded, GenerationConfig())
+        ChatSession(wrap(gemma, drafter="none"), GenerateOptions())
 
 
 def test_chat_with_the_ngram_drafter_matches_the_target_alone(smol: Model) -> None:
     """Two turns with the n-gram drafter (no draft model), then the same turns with the target alone."""
-    pair = runner_mod.LoadedPair(smol, None, ngram=(2, 4))
-    assert pair.drafter_kind == "ngram"
-    cfg = GenerationConfig(max_tokens=32, draft_max=6)  # fixed K: drafts whenever the lookup matches
+    pair = wrap(smol, drafter="ngram")
+    cfg = GenerateOptions(max_tokens=32, draft_max=6, adaptive=False)  # fixed K: drafts whenever the lookup matches
     turns = ["Repeat exactly: red, green, blue, red, green, blue.", "Now repeat it once more."]
     spec = ChatSession(pair, cfg)
     replies = [drain(spec, t) for t in turns]

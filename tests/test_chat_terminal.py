@@ -16,7 +16,7 @@ def test_chat_session_in_a_pty(tmp_path) -> None:  # type: ignore[no-untyped-def
     env.update(TERM="xterm-256color", XDG_DATA_HOME=str(tmp_path), PROMPT_TOOLKIT_NO_CPR="1")
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "specdec_cli", "chat", "-n", "300", "--ctx-size", "2048", "--threads", "2"],
+        ["-m", "specdec_cli", "chat", "-n", "300", "--ctx-size", "2048", "--threads", "2", "--drafter", "model"],
         env=env,
         dimensions=(40, 120),
         encoding="utf-8",

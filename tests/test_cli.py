@@ -39,7 +39,7 @@ def assert_one_line_error(res: Any, code: int, *needles: str) -> None:
 
 # -------------------------------------------------------------- JSON contract
 def test_json_on_embedded_default_pair_adds_up() -> None:
-    out = run_json("Name three colours.", "-n", "32")
+    out = run_json("Name three colours.", "-n", "32", "--drafter", "model")
     assert set(out) >= {"text", "token_ids", "n_tokens", "stop_reason", "models", "settings", "stats"}
     s = out["stats"]
     assert out["n_tokens"] == len(out["token_ids"]) > 0
@@ -55,13 +55,30 @@ def test_json_on_embedded_default_pair_adds_up() -> None:
 
 
 def test_no_draft_same_shape_and_same_tokens() -> None:
-    spec = run_json("Name three colours.", "-n", "32")
+    spec = run_json("Name three colours.", "-n", "32", "--drafter", "model")
     base = run_json("Name three colours.", "-n", "32", "--no-draft")
     assert base["token_ids"] == spec["token_ids"]
     assert base["stats"]["drafted"] == 0 and base["stats"]["accepted"] == 0
     assert base["stats"]["tokens_per_step"] == 1.0
     assert base["models"]["draft"] is None
     assert set(base["stats"]) == set(spec["stats"])
+
+
+def test_default_is_the_auto_drafter_and_says_what_it_chose() -> None:
+    """On this CPU the default pair's draft costs about a target token: auto pauses it and says why."""
+    text = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."
+    out = run_json(text, "-n", "40")
+    base = run_json(text, "-n", "40", "--no-draft")
+    assert out["token_ids"] == base["token_ids"]
+    assert out["settings"]["drafter"] == "auto"
+    s = out["stats"]
+    table = s["drafters"]
+    assert sum(row["steps"] for row in table.values()) == s["steps"]
+    assert sum(row["drafted"] for row in table.values()) == s["drafted"]
+    assert sum(row["accepted"] for row in table.values()) == s["accepted"] <= s["drafted"]
+    assert s["predicted_speedup"] is not None and s["predicted_speedup"] >= 1.0
+    if table.get("model", {}).get("steps", 0) == 0:  # the draft model was paused: the note says why
+        assert any("paused" in n and "draft costs" in n for n in s["notes"]), s["notes"]
 
 
 def test_prompt_from_stdin() -> None:
@@ -136,7 +153,7 @@ def test_usage_errors_exit_2(args: list[str], needle: str) -> None:
 
 
 def test_contradictory_model_options(smol_path: Path) -> None:
-    assert_one_line_error(run("hi", "--target", str(smol_path)), 2, "--draft")
+    assert_one_line_error(run("hi", "--target", str(smol_path), "--drafter", "model"), 2, "--draft")
     assert_one_line_error(
         run("hi", "--drafter", "ngram", "--target", str(smol_path), "--draft", str(smol_path)), 2, "--draft"
     )

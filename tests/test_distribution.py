@@ -12,7 +12,11 @@ p-values far below the threshold: `python -m benchmarks.planted_bug` shows it.
 
 from __future__ import annotations
 
-from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
+from collections import Counter
+
+from specdec_cli.engine.auto import AutoDrafter, AutoState
+from specdec_cli.engine.drafters import DraftRequest, ModelDrafter, NgramDrafter, Proposal
+from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
 from tests import distribution
 
@@ -28,9 +32,43 @@ def test_sampled_tokens_follow_target_distribution(smol: Model, smol_q2k: Model)
 
 def test_sampled_tokens_follow_target_distribution_with_ngram_drafter(smol: Model) -> None:
     drafter = NgramDrafter(2, 4)
-    drafter.prefill(smol.tokenize(distribution.NGRAM_PROMPT, add_special=True, parse_special=True))
+    drafter.begin(smol.tokenize(distribution.NGRAM_PROMPT, add_special=True, parse_special=True))
     assert len(drafter.lookup(2)) == 2, "the prompt must give the drafter something to propose"
     results = distribution.run(smol, drafter, N_SAMPLES, text=distribution.NGRAM_PROMPT)
+    for r in results:
+        assert r.n >= 200, f"too few samples at position {r.position}: {r.n}"
+        assert r.pvalue > distribution.P_THRESHOLD, r
+
+
+class _FrozenCosts(BatchCosts):
+    """Costs that do not learn: verification and drafting stay cheap, so auto keeps choosing to draft."""
+
+    def observe(self, batch: int, seconds: float) -> None:
+        pass
+
+
+class _CountingAuto(AutoDrafter):
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.chosen: Counter[str] = Counter()
+
+    def propose(self, req: DraftRequest) -> Proposal:
+        proposal = super().propose(req)
+        self.chosen[proposal.source or "plain"] += 1
+        self.state.draft_token_seconds = 0.35  # frozen too: a draft token costs 0.35 target tokens
+        return proposal
+
+
+def test_sampled_tokens_follow_target_distribution_with_auto_drafter(smol: Model, smol_q2k: Model) -> None:
+    """The auto drafter switches between the draft model and the n-gram lookup from what it has seen
+    in earlier samples: the choice must not leak into the distribution."""
+    # Cheap verification, a draft token at 0.35 target tokens: the n-gram lookup wins where it has a
+    # proposal it has been right about, the draft model elsewhere, plain decodes when neither pays.
+    state = AutoState(costs=_FrozenCosts({b: 1 + 0.1 * (b - 1) for b in range(1, 10)}, 1.0))
+    state.draft_token_seconds = 0.35
+    drafter = _CountingAuto(NgramDrafter(2, 4), ModelDrafter(smol_q2k, window=64), 2, state)
+    results = distribution.run(smol, drafter, N_SAMPLES, text=distribution.NGRAM_PROMPT)
+    assert drafter.chosen["model"] > 100 and drafter.chosen["ngram"] > 100, drafter.chosen
     for r in results:
         assert r.n >= 200, f"too few samples at position {r.position}: {r.n}"
         assert r.pvalue > distribution.P_THRESHOLD, r

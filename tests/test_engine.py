@@ -11,11 +11,12 @@ import pytest
 
 from specdec_cli import prompts as bench_prompts
 from specdec_cli import runner
+from specdec_cli.engine.config import GenerationConfig, SamplerSettings
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.events import DRAFT, TARGET
 from specdec_cli.engine.model import Model
-from specdec_cli.engine.sampling import SamplerSettings
-from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator, generate
+from specdec_cli.engine.policies import compose
+from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, ModelFileError
 
@@ -254,7 +255,7 @@ def test_ngram_greedy_identical_to_target_alone(adaptive: bool, smol: Model) -> 
         smol.reset()  # so the prefill below decodes exactly len(prompt) - 1 tokens
         before = smol.decoded_tokens
         cfg = GenerationConfig(max_tokens=48, draft_max=6, adaptive=adaptive)
-        res = generate(smol, NgramDrafter(2, 4), prompt, cfg)
+        res = generate(smol, compose(NgramDrafter(2, 4), cfg), prompt, cfg)
         assert res.token_ids == base, f"adaptive={adaptive} prompt {text[:40]!r}"
         stats = _stats(res)
         assert stats.accepted <= stats.drafted
@@ -272,7 +273,8 @@ def test_ngram_greedy_identical_on_gemma(gemma: Model) -> None:
     for text in texts:
         prompt = gemma.tokenize(text, add_special=True, parse_special=True)
         base = baseline(gemma, prompt, 32)
-        res = generate(gemma, NgramDrafter(1, 3), prompt, GenerationConfig(max_tokens=32, draft_max=8, adaptive=True))
+        cfg = GenerationConfig(max_tokens=32, draft_max=8, adaptive=True)
+        res = generate(gemma, compose(NgramDrafter(1, 3), cfg), prompt, cfg)
         assert res.token_ids == base, text[:40]
 
 
@@ -280,7 +282,7 @@ def test_adaptive_k_and_p_min_with_the_draft_model_stay_identical(smol: Model, s
     prompt = chat_tokens(smol, PROMPTS[2])
     base = baseline(smol, prompt, 48)
     cfg = GenerationConfig(max_tokens=48, draft_max=6, draft_min=1, adaptive=True, draft_p_min=0.6)
-    res = generate(smol, ModelDrafter(smol_q2k), prompt, cfg)
+    res = generate(smol, compose(ModelDrafter(smol_q2k, cfg.draft_p_min), cfg), prompt, cfg)
     assert res.token_ids == base
     ks = [s.k for s in res.steps]
     assert len(set(ks)) > 1, "the schedule never moved K"

@@ -11,11 +11,12 @@ from typer.testing import CliRunner
 
 from specdec_cli import runner
 from specdec_cli.cli import app
+from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.drafters import ModelDrafter
 from specdec_cli.engine.events import DrafterDropped, Step
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.sampling import SamplerSettings
-from specdec_cli.engine.speculative import GenerationConfig, SpeculativeGenerator, generate
+from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.errors import ModelOutputError
 
 cli = CliRunner()
@@ -59,7 +60,7 @@ def test_corrupt_target_is_an_error_naming_the_file(corrupt_target_path: Path) -
 def test_cli_corrupt_draft_one_warning_and_the_targets_tokens(smol_path: Path, corrupt_draft_path: Path) -> None:
     common = ["run", PROMPT, "--target", str(smol_path), "--json", "-n", "16", "--temp", "0.8", "--seed", "5"]
     common += ["--ctx-size", "512", "--threads", "2"]
-    res = cli.invoke(app, [*common, "--draft", str(corrupt_draft_path)])
+    res = cli.invoke(app, [*common, "--draft", str(corrupt_draft_path), "--drafter", "model"])
     assert res.exit_code == 0, res.stderr
     warnings = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(warnings) == 1 and warnings[0].startswith("Warning: ") and "corrupt-draft.gguf" in warnings[0]

@@ -127,7 +127,9 @@ def test_pull_real_models_then_run_the_pair(
     assert r.returncode == 0 and "already on disk" in r.stderr
     assert len(fake_hub.cdn_gets()) == gets  # nothing downloaded twice
 
-    r = specdec(env, "run", "--pair", "smol-hub", "-n", "6", "--json", "--threads", "2", "Say hi.")
+    r = specdec(
+        env, "run", "--pair", "smol-hub", "--drafter", "model", "-n", "6", "--json", "--threads", "2", "Say hi."
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["models"]["target"] == str(paths[0]) and out["models"]["draft"] == str(paths[1])

@@ -96,7 +96,8 @@ def test_a_user_pair_with_local_paths_runs(smol_path: Path, smol_q2k_path: Path)
         f'default = "local"\n[pairs.local]\ndescription = "my files"\ndraft_max = 3\n'
         f'target = {{ path = "{smol_path}" }}\ndraft = {{ path = "{smol_q2k_path}" }}\n'
     )
-    res = runner.invoke(app, ["run", "Say hi.", "-n", "8", "--json", "--ctx-size", "512", "--threads", "2"])
+    args = ["run", "Say hi.", "-n", "8", "--json", "--ctx-size", "512", "--threads", "2", "--drafter", "model"]
+    res = runner.invoke(app, args)
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["models"]["pair"] == "local" and out["settings"]["draft_max"] == 3

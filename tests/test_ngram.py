@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_cli.engine.drafters import NgramDrafter
+from specdec_cli.engine.drafters import DraftRequest, NgramDrafter, Outcome, Proposal
+from specdec_cli.engine.policies import AdaptiveLength
 from specdec_cli.engine.sampling import SamplerSettings
-from specdec_cli.engine.speculative import DraftLength, GenerationConfig
 
 GREEDY = SamplerSettings()
 RNG = np.random.default_rng(0)
@@ -16,7 +16,7 @@ RNG = np.random.default_rng(0)
 
 def lookup(context: list[int], k: int, n_min: int = 2, n_max: int = 4) -> list[int]:
     d = NgramDrafter(n_min, n_max)
-    d.prefill(context)
+    d.begin(context)
     return d.lookup(k)
 
 
@@ -51,9 +51,9 @@ def test_no_match_gives_an_empty_draft() -> None:
     assert lookup([1, 2, 3, 4, 5, 6], 4) == []
     assert lookup([7, 7], 3, n_min=2) == []  # the suffix itself is not a match
     d = NgramDrafter(2, 4)
-    d.prefill([1, 2, 3])
-    drafted, dists = d.propose([1, 2, 3], 4, GREEDY, RNG, frozenset())
-    assert drafted == [] and dists == []
+    d.begin([1, 2, 3])
+    p = d.propose(DraftRequest([1, 2, 3], 4, GREEDY, RNG, frozenset()))
+    assert p.tokens == [] and p.dists == []
 
 
 def test_match_at_the_very_end_keeps_copying_its_own_output() -> None:
@@ -69,7 +69,7 @@ def test_shorter_n_is_tried_when_longer_fails() -> None:
 
 def test_sync_extends_or_rebuilds_the_index() -> None:
     d = NgramDrafter(2, 2)
-    d.prefill([1, 2, 3])
+    d.begin([1, 2, 3])
     d.sync([1, 2, 3, 1, 2])  # grew: extended
     assert d.lookup(1) == [3]
     d.sync([5, 2, 3, 9, 2, 3])  # rewritten (a new chat turn): rebuilt from scratch
@@ -79,8 +79,9 @@ def test_sync_extends_or_rebuilds_the_index() -> None:
 def test_propose_returns_point_masses_and_stops_after_a_stop_token() -> None:
     d = NgramDrafter(2, 4)
     ctx = [1, 2, 3, 99, 5, 1, 2]
-    d.prefill(ctx)
-    drafted, dists = d.propose(ctx, 4, GREEDY, RNG, frozenset({99}))
+    d.begin(ctx)
+    p = d.propose(DraftRequest(ctx, 4, GREEDY, RNG, frozenset({99})))
+    drafted, dists = p.tokens, p.dists
     assert drafted == [3, 99]
     assert [(list(q.ids), list(q.probs)) for q in dists] == [([3], [1.0]), ([99], [1.0])]
 
@@ -96,30 +97,59 @@ def test_lookup_matches_brute_force(context: list[int], k: int, n_min: int, extr
     n_max = n_min + extra
     d = NgramDrafter(n_min, n_max)
     half = len(context) // 2
-    d.prefill(context[:half])
+    d.begin(context[:half])
     d.sync(context)  # built incrementally, as during generation
     assert d.lookup(k) == reference(context, k, n_min, n_max)
 
 
+class Fixed:
+    """A drafter that proposes `n` tokens (never more than asked), to drive AdaptiveLength."""
+
+    name = "fixed"
+    free = False
+
+    def __init__(self) -> None:
+        self.n: int | None = None
+
+    def begin(self, prompt: list[int]) -> None: ...
+
+    def propose(self, req: DraftRequest) -> Proposal:
+        n = req.k if self.n is None else min(self.n, req.k)
+        return Proposal(list(range(n)), [], req.k, "fixed")
+
+    def accept(self, outcome: Outcome) -> None: ...
+
+    def decode_seconds(self) -> float:
+        return 0.0
+
+
 def test_draft_length_schedule() -> None:
-    s = DraftLength(GenerationConfig(draft_max=4, draft_min=2, adaptive=True))
+    inner = Fixed()
+    s = AdaptiveLength(inner, 2, 4)
+
+    def step(asked: int, drafted: int, accepted: int) -> None:
+        inner.n = drafted
+        p = s.propose(DraftRequest([], asked, GREEDY, RNG, frozenset()))
+        s.accept(Outcome([], p, accepted, 0.0))
+
     assert s.k == 4
-    s.update(4, 4, 1)  # a rejection: down
+    step(4, 4, 1)  # a rejection: down
     assert s.k == 3
-    s.update(3, 3, 0)
-    s.update(2, 2, 0)  # never below draft-min
+    step(3, 3, 0)
+    step(2, 2, 0)  # never below draft-min
     assert s.k == 2
-    s.update(2, 2, 2)  # fully accepted: up
+    step(2, 2, 2)  # fully accepted: up
     assert s.k == 3
-    s.update(3, 1, 1)  # stopped short on its own and accepted: no news
-    s.update(3, 0, 0)  # nothing drafted: no news
+    step(3, 1, 1)  # stopped short on its own and accepted: no news
+    step(3, 0, 0)  # nothing drafted: no news
     assert s.k == 3
-    s.update(3, 3, 3)
-    s.update(4, 4, 4)  # never above draft-max
+    step(3, 3, 3)
+    step(4, 4, 4)  # never above draft-max
     assert s.k == 4
-    fixed = DraftLength(GenerationConfig(draft_max=5))
-    fixed.update(5, 5, 0)
-    assert fixed.k == 5
+    step(4, 4, 1)
+    assert s.k == 3
+    step(2, 2, 2)  # capped by the loop (room, --max-tokens) and accepted whole: K goes up from K, not from 2
+    assert s.k == 4
 
 
 def test_cost_gate_verifies_only_what_pays() -> None:
@@ -130,7 +160,7 @@ def test_cost_gate_verifies_only_what_pays() -> None:
     for _ in range(30):  # a batch of b costs b single decodes: nothing can pay
         for b in (1, 2, 5):
             g.observe_cost(b, 0.01 * b)
-    assert abs(g.relative_cost(3) - 3.0) < 1e-9  # an unseen size follows the measured marginal cost
+    assert abs(g.costs.relative(3) - 3.0) < 1e-9  # an unseen size follows the measured marginal cost
     assert g.choose(4) == 0
     cheap = CostGate()
     for _ in range(30):  # batches nearly free and proposals always right: verify them all
@@ -154,6 +184,6 @@ def test_cost_gate_waits_for_unknown_tokens() -> None:
     g = CostGate()
     g.propose(2, [5, 6, 7])
     g.score([0, 0, 5])  # right so far, two tokens still unknown: not scored yet
-    assert g.tries == []
+    assert g.acceptance.tries == []
     g.score([0, 0, 5, 6, 1])  # decided: two right, the third wrong
-    assert g.tries == [1.0, 1.0, 1.0] and g.hits == [1.0, 1.0, 0.0]
+    assert g.acceptance.tries == [1.0, 1.0, 1.0] and g.acceptance.hits == [1.0, 1.0, 0.0]

@@ -7,9 +7,10 @@ import re
 
 from rich.console import Console
 
-from specdec_cli import render
+from specdec_cli.api import Generation
 from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Prefill, Result, Step
 from specdec_cli.engine.stats import Stats
+from specdec_cli.render import generation as render
 
 GREEN_BOLD = "\x1b[1;32m"
 
@@ -51,7 +52,7 @@ def make_steps() -> list[Step]:
     ]
 
 
-def feed(r: render.Renderer) -> tuple[Result, Stats]:
+def feed(r: render.Renderer) -> tuple[Generation, Stats]:
     stats = Stats()
     result = Result(text="", token_ids=[], stop_reason="eos", n_prompt=3)
     r.start()
@@ -64,11 +65,8 @@ def feed(r: render.Renderer) -> tuple[Result, Stats]:
         for t in s.emitted:
             result.text += t.text
             result.token_ids.append(t.id)
-    return result, stats
-
-
-def payload(stats: Stats) -> dict:
-    return {"stats": stats.as_dict(1.0, 0.5)}
+    g = Generation(result.text, result.token_ids, "eos", 3, stats.summary(1.0), {}, {})
+    return g, stats
 
 
 def test_stats_add_up() -> None:
@@ -94,7 +92,7 @@ def test_colours_follow_the_legend() -> None:
     out, err = io.StringIO(), io.StringIO()
     r = render.LiveRenderer(console(out), console(err), live_panel=False)
     result, stats = feed(r)
-    r.finish(result, stats, payload(stats))
+    r.finish(result, stats)
     segs = styled_segments(out.getvalue())
     draft_text = "".join(t for green, t in segs if green)
     target_text = "".join(t for green, t in segs if not green)
@@ -102,7 +100,7 @@ def test_colours_follow_the_legend() -> None:
     assert draft_text == "Hello,ld!Bye"
     assert target_text.replace("\n", "") == " wor."
     legend = styled_segments(err.getvalue().splitlines()[0])
-    assert (True, "accepted from draft") in legend
+    assert (True, "accepted from draft model") in legend
     assert any(not green and "chosen by target" in t for green, t in legend)
 
 
@@ -110,7 +108,7 @@ def test_live_renderer_writes_exact_text_to_stdout() -> None:
     out, err = io.StringIO(), io.StringIO()
     r = render.LiveRenderer(console(out), console(err), live_panel=True)
     result, stats = feed(r)
-    r.finish(result, stats, payload(stats))
+    r.finish(result, stats)
     assert re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue()) == "Hello, world!\nBye.\n"
     summary = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())
     assert "drafted" in summary and "1:100% 2:100% 3:50%" in summary
@@ -120,7 +118,7 @@ def test_no_color_plain_renderer() -> None:
     out, err = io.StringIO(), io.StringIO()
     r = render.PlainRenderer(out, err)
     result, stats = feed(r)
-    r.finish(result, stats, payload(stats))
+    r.finish(result, stats)
     assert out.getvalue() == "Hello, world!\nBye.\n"
     assert "\x1b" not in out.getvalue() + err.getvalue()
     assert "drafted 6, accepted 5, acceptance 83%" in err.getvalue()

@@ -10,7 +10,7 @@ import sys
 
 import pexpect
 
-ARGS = ["run", "Write two short lines about the sea.", "-n", "40", "--ctx-size", "512", "--threads", "2"]
+ARGS = ["run", "Write two short lines about the sea.", "--drafter", "model", "-n", "40", "--ctx-size", "512", "--threads", "2"]
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -26,7 +26,7 @@ def test_run_on_a_terminal_colours_draft_tokens_and_keeps_the_text() -> None:
     assert child.exitstatus == 0, screen[-2000:]
     assert "\x1b[1;32m" in screen  # accepted draft tokens are drawn bold green ...
     plain = CSI.sub("", screen)
-    assert "legend: accepted from draft  chosen by target" in plain  # ... as the legend says
+    assert "legend: accepted from draft model  accepted from n-gram lookup  chosen by target" in plain  # ... as the legend says
     assert "acceptance by draft position: 1:" in plain
     assert "stop: " in plain
 

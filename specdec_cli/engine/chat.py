@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specdec_cli.errors import SpecdecError, UnsupportedModelError
@@ -11,7 +11,7 @@ from specdec_cli.errors import SpecdecError, UnsupportedModelError
 
 def render(
     template: str | None,
-    messages: Sequence[dict[str, str]],
+    messages: Sequence[Mapping[str, str]],
     *,
     bos_token: str,
     eos_token: str,
@@ -32,7 +32,7 @@ def render(
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     try:
         return env.from_string(template).render(
-            messages=list(messages),
+            messages=[dict(m) for m in messages],
             bos_token=bos_token,
             eos_token=eos_token,
             add_generation_prompt=add_generation_prompt,

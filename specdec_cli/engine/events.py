@@ -36,6 +36,9 @@ class Step:
     t_sample: float  # drafting and verification maths outside llama_decode (sampling, n-gram lookup)
     t_other: float  # everything else in the step: rollback, detokenizing, the loop itself
     stop: str | None = None  # set on the step that ended generation
+    drafter: str | None = None  # which drafter proposed `drafted` ("model", "ngram"), None for a plain step
+    predicted_speedup: float | None = None  # what the auto drafter's cost model expected of its choice
+    note: str | None = None  # the auto drafter's reason, when its choice changed (e.g. a draft model paused)
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class DrafterDropped:
     """The drafter was taken out for the rest of the run; the target goes on alone."""
 
     reason: str
+
+
+Event = Prefill | Step | DrafterDropped
 
 
 @dataclass

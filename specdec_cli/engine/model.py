@@ -191,6 +191,15 @@ class Model:
                 "this llama.cpp build does not know"
             )
         self._model = model
+        try:
+            self._init_context(n_ctx, n_threads, n_batch, vocab_only)
+        except BaseException:
+            self.close()  # a failed load frees what it allocated, not leaving it to __del__
+            raise
+
+    def _init_context(self, n_ctx: int, n_threads: int | None, n_batch: int, vocab_only: bool) -> None:
+        C = self._C  # noqa: N806
+        model = self._model
         self._vocab = C.llama_model_get_vocab(model)
         self.n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
         self._pieces: dict[int, bytes] = {}
@@ -240,6 +249,10 @@ class Model:
             b.seq_id[i][0] = 0
 
     # ------------------------------------------------------------------ info
+    @property
+    def name(self) -> str:
+        return self.path.name
+
     def vocab_info(self) -> VocabInfo:
         C = self._C  # noqa: N806
         v = self._vocab
@@ -455,8 +468,8 @@ class Model:
             pass
 
 
-# llama_ftype values for the quantizations we derive drafts with.
-QUANT_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q4_K_M": 15}
+# llama_ftype values for the quantizations we derive models with (F32: a dequantized, bandwidth-bound target).
+QUANT_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q4_K_M": 15}
 
 
 def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str, n_threads: int = 0) -> None:

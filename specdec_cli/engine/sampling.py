@@ -17,31 +17,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec_cli.engine.config import SamplerSettings
 
-@dataclass(frozen=True)
-class SamplerSettings:
-    """temperature <= 0 means greedy (argmax of the raw logits, no masks)."""
-
-    temperature: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
-
-    def validate(self) -> None:
-        # `not (x >= 0)` rather than `x < 0`: NaN fails every comparison, and a NaN
-        # temperature would turn every probability into NaN (accepted by min(1, p/q)).
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min-p must be in [0, 1), got {self.min_p}")
+__all__ = [
+    "Dist",
+    "SamplerSettings",
+    "accept_probability",
+    "process",
+    "residual",
+    "rows_finite",
+    "sample",
+    "verify_greedy",
+    "verify_sampled",
+]
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from specdec_cli.cli_common import user_errors
+from specdec_cli.cli.options import JsonOpt
+from specdec_cli.cli.output import Output, usage_error, user_errors
 from specdec_cli.errors import ModelFileError
-
-if TYPE_CHECKING:  # imported lazily at run time, so `--help` stays fast
-    from specdec_cli.registry import Pair, Source
 
 app = typer.Typer(
     name="models",
@@ -23,107 +19,48 @@ app = typer.Typer(
 )
 
 NameArg = Annotated[str, typer.Argument(help="A pair's name (see `specdec models list`).", show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
-
-
-@dataclass
-class Entry:
-    """A pair and where its files are now (nothing built or downloaded to find out)."""
-
-    pair: Pair
-    target_path: Path | None
-    draft_path: Path | None
-    target_url: str | None = None
-    draft_url: str | None = None
-    partial: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def state(self) -> str:
-        ready = [
-            path is not None or bool(src.requantize)  # a requantized draft is built offline on first use
-            for path, src in ((self.target_path, self.pair.target), (self.draft_path, self.pair.draft))
-        ]
-        state = {(True, True): "yes", (True, False): "target only", (False, True): "draft only"}.get(
-            (ready[0], ready[1]), "no"
-        )
-        if self.partial:
-            state += " (partial download kept)"
-        return state
-
-
-def _entry(pair: Pair) -> Entry:
-    from specdec_cli import hub, registry
-
-    e = Entry(pair, registry.on_disk(pair.target), registry.on_disk(pair.draft))
-    for role, src in (("target", pair.target), ("draft", pair.draft)):
-        if src.repo:
-            setattr(e, f"{role}_url", hub.file_url(src.hub_file()))
-            kept = hub.partial_bytes(src.hub_file()) if getattr(e, f"{role}_path") is None else 0
-            if kept:
-                e.partial[role] = kept
-    return e
-
-
-def _source_json(src: Source, path: Path | None, url: str | None) -> dict[str, object]:
-    return {
-        "kind": src.kind,
-        "source": src.describe(),
-        "repo": src.repo,
-        "file": src.file,
-        "url": url,
-        "size_gb": src.size_gb,
-        "unverified": src.unverified,
-        "path": str(path) if path else None,
-    }
-
-
-def _entry_json(e: Entry, default: str | None) -> dict[str, object]:
-    p = e.pair
-    return {
-        "name": p.name,
-        "default": p.name == default,
-        "description": p.description,
-        "draft_max": p.draft_max,
-        "notes": p.notes,
-        "origin": str(p.origin),
-        "on_disk": e.state,
-        "target": _source_json(p.target, e.target_path, e.target_url),
-        "draft": _source_json(p.draft, e.draft_path, e.draft_url),
-    }
 
 
 @app.command("list")
 def models_list(json_out: JsonOpt = False) -> None:
     """Every pair: target, draft, sizes, and whether the files are on disk."""
-    from specdec_cli import registry, render
+    from specdec_cli import registry
 
-    with user_errors():
+    out = Output(json_out)
+    with out.errors():
         reg = registry.load()
-        entries = [_entry(p) for p in reg.pairs.values()]
-    if json_out:
-        payload = {
-            "default": reg.default,
-            "files": [str(f) for f in reg.files],
-            "user_file": str(registry.user_models_toml()),
-            "pairs": [_entry_json(e, reg.default) for e in entries],
-        }
-        typer.echo(json.dumps(payload))
-        return
-    render.models_table(entries, default=reg.default, files=list(reg.files), user_file=registry.user_models_toml())
+        entries = [registry.PairStatus.of(p) for p in reg.pairs.values()]
+
+    def human() -> None:
+        from specdec_cli.render.models import models_table
+
+        models_table(entries, default=reg.default, files=list(reg.files), user_file=registry.user_models_toml())
+
+    payload = {
+        "default": reg.default,
+        "files": [str(f) for f in reg.files],
+        "user_file": str(registry.user_models_toml()),
+        "pairs": [e.as_dict(reg.default) for e in entries],
+    }
+    out.result(payload, human)
 
 
 @app.command("show")
 def models_show(name: NameArg, json_out: JsonOpt = False) -> None:
     """One pair in full: sources, URLs, sizes, what was not verified, paths on disk."""
-    from specdec_cli import registry, render
+    from specdec_cli import registry
 
-    with user_errors():
+    out = Output(json_out)
+    with out.errors():
         reg = registry.load()
-        e = _entry(reg.get(name))
-    if json_out:
-        typer.echo(json.dumps(_entry_json(e, reg.default)))
-        return
-    render.model_show(e, default=reg.default)
+        e = registry.PairStatus.of(reg.get(name))
+
+    def human() -> None:
+        from specdec_cli.render.models import model_show
+
+        model_show(e, default=reg.default)
+
+    out.result(e.as_dict(reg.default), human)
 
 
 @app.command("path")
@@ -140,8 +77,6 @@ def models_path(
     from specdec_cli import registry
 
     if role not in (None, "target", "draft"):
-        from specdec_cli.cli_common import usage_error
-
         raise usage_error(f"--role must be target or draft, not {role!r}")
     with user_errors():
         pair = registry.load().get(name)
@@ -165,13 +100,15 @@ def models_pull(
 
     Prints the two paths (target, draft) on stdout when both are on disk.
     """
-    from specdec_cli import hub, registry, render
+    from specdec_cli import hub, registry
+    from specdec_cli.render import error_line
+    from specdec_cli.render.models import DownloadProgress
 
     if not verbose:
         from huggingface_hub.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()  # its retry warnings; our progress and errors say what matters
-    sink = render.DownloadProgress()
+    sink = DownloadProgress()
     paths: list[Path] = []
     with user_errors(on_error=sink.finish):
         pair = registry.load().get(name)
@@ -197,8 +134,6 @@ def models_pull(
                     paths.append(path)
         except KeyboardInterrupt:
             sink.finish()
-            from specdec_cli.render import error_line
-
             error_line(f"interrupted: what was downloaded is kept; run `specdec models pull {name}` again to resume")
             raise typer.Exit(130) from None
         finally:

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from specdec_cli import render
 from specdec_cli.chat_session import SETTABLE, ChatSession
-from specdec_cli.engine.events import DrafterDropped, Step
 from specdec_cli.errors import SpecdecError
+from specdec_cli.render import error_line
+from specdec_cli.render import generation as render
 
 HELP = """commands:
   /help                 this list
@@ -107,7 +107,7 @@ class Repl:
             try:
                 self.reply(text)
             except SpecdecError as exc:
-                render.error_line(str(exc), self.err)
+                error_line(str(exc), self.err)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self._stop = True
@@ -119,27 +119,21 @@ class Repl:
             previous = signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:  # not the main thread: no Ctrl-C handling
             previous = None
-        renderer = render.make_chat_renderer(self.out)
+        renderer = render.make_chat_renderer(self.out, self.err)
         try:
             for ev in self.session.reply(text, should_stop=lambda: self._stop):
-                if isinstance(ev, Step):
-                    renderer.step(ev)
-                elif isinstance(ev, DrafterDropped):
-                    self.out.flush()
-                    render.warning(ev.reason, self.err)
-                    self.session.draft_on = False
+                renderer.event(ev)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
-        res, stats = self.session.last, self.session.last_stats
         renderer.end()
         if self.session.last_dropped:
             self.note(
                 f"(the conversation neared --ctx-size: dropped the {self.session.last_dropped} oldest "
                 "exchange(s), kept the system prompt)"
             )
-        gen = res.wall_seconds - stats.t_prefill
-        self.note(render.reply_summary(res, stats, stats.tokens_per_second(gen)))
+        if self.session.last is not None:
+            self.note(render.reply_summary(self.session.last))
 
     # ------------------------------------------------------------ commands
     def command(self, text: str) -> str | None:
@@ -151,8 +145,7 @@ class Repl:
         if name == "/help":
             self.say(HELP)
         elif name == "/stats":
-            t = s.totals
-            self.say(render.session_stats(t, len(s.turns)))
+            self.say(render.session_stats(s.totals.summary(), len(s.turns)))
         elif name == "/reset":
             s.reset()
             self.say("(new conversation)")
@@ -162,31 +155,31 @@ class Repl:
         elif name == "/set":
             key, _, value = arg.partition(" ")
             if key not in SETTABLE or not value.strip():
-                render.error_line(f"usage: /set {'|'.join(SETTABLE)} VALUE", self.err)
+                error_line(f"usage: /set {'|'.join(SETTABLE)} VALUE", self.err)
                 return None
             try:
                 self.say(f"({s.set(key, value.strip())})")
-            except ValueError as exc:
-                render.error_line(str(exc), self.err)
+            except SpecdecError as exc:
+                error_line(str(exc), self.err)
         elif name == "/draft":
             if arg not in ("on", "off"):
-                render.error_line("usage: /draft on|off", self.err)
+                error_line("usage: /draft on|off", self.err)
                 return None
-            if arg == "on" and s.pair.drafter_kind is None:
-                render.error_line("no drafter (started with --no-draft)", self.err)
+            if arg == "on" and not s.has_drafter:
+                error_line("no drafter (started with --no-draft)", self.err)
                 return None
             s.draft_on = arg == "on"
             self.say(f"(speculation {arg})")
         elif name == "/save":
             if not arg:
-                render.error_line("usage: /save FILE", self.err)
+                error_line("usage: /save FILE", self.err)
                 return None
             try:
                 Path(arg).expanduser().write_text(json.dumps(s.summary(), indent=2, ensure_ascii=False))
             except OSError as exc:
-                render.error_line(f"cannot write {arg}: {exc.strerror}", self.err)
+                error_line(f"cannot write {arg}: {exc.strerror}", self.err)
                 return None
             self.say(f"(saved to {arg})")
         else:
-            render.error_line(f"unknown command {name}; /help lists them", self.err)
+            error_line(f"unknown command {name}; /help lists them", self.err)
         return None

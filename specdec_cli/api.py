@@ -1,0 +1,416 @@
+"""The Python API: lossless two-model speculative decoding for GGUF models.
+
+Every command (run, chat, bench, pair-check --probe, serve) generates through
+`Speculator.start`, so stats, generation time and tokens/s are computed in one
+place (`engine.stats`)::
+
+    from specdec_cli import api
+
+    with api.load() as spec:  # the default pair in models.toml; or load("t.gguf", "d.gguf")
+        g = spec.generate("Name three rivers.", max_tokens=32)
+        print(g.text, g.stats.acceptance_rate)
+        for chunk in spec.stream([{"role": "user", "content": "And three lakes?"}]):
+            print(chunk.text, end="")
+
+Successive calls keep the common prefix of both models' KV caches, so a
+conversation costs only its new tokens. Errors are the `SpecdecError` family
+the CLI prints (`UsageError` for bad values is also a `ValueError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdec_cli import runner
+from specdec_cli.engine import model as model_mod
+from specdec_cli.engine.auto import WINDOW, AutoDrafter, AutoState
+from specdec_cli.engine.config import (
+    AUTO,
+    DEFAULT_CTX,
+    DEFAULT_DRAFTER,
+    DEFAULT_K,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_NGRAM,
+    DRAFTERS,
+    MODEL,
+    NGRAM,
+    NONE,
+    GenerationConfig,
+    validate_ngram,
+    validate_runtime,
+)
+from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec_cli.engine.estimates import BatchCosts
+from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Step
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.policies import compose
+from specdec_cli.engine.sampling import SamplerSettings
+from specdec_cli.engine.speculative import SpeculativeGenerator
+from specdec_cli.engine.stats import RunStats, Stats
+from specdec_cli.errors import UsageError
+
+__all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Speculator", "load"]
+
+Message = Mapping[str, str]
+Prompt = str | Sequence[Message]
+_SAMPLER = SamplerSettings()
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What one generation may change; the defaults are the CLI's."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = _SAMPLER.temperature
+    top_k: int = _SAMPLER.top_k
+    top_p: float = _SAMPLER.top_p
+    min_p: float = _SAMPLER.min_p
+    seed: int | None = None
+    draft_max: int | None = None  # None: the pair's recommendation, else the drafter's default
+    draft_min: int = 1
+    adaptive: bool = True
+    draft_p_min: float = 0.0
+    drafter: str | None = None  # None: the Speculator's; "none" runs the target alone
+    system: str | None = None
+    chat: bool | None = None  # None: the chat template when the model has one
+
+    def sampler(self) -> SamplerSettings:
+        return SamplerSettings(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def validate(self) -> GenerateOptions:
+        """Check every value now (the CLI does, before loading any model)."""
+        self.config(self.draft_max if self.draft_max is not None else max(1, self.draft_min))
+        if self.drafter not in (None, *DRAFTERS, NONE):
+            raise UsageError(f"unknown drafter {self.drafter!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
+        return self
+
+    def config(self, draft_max: int) -> GenerationConfig:
+        return GenerationConfig(
+            max_tokens=self.max_tokens,
+            draft_max=draft_max,
+            sampler=self.sampler(),
+            seed=self.seed,
+            adaptive=self.adaptive,
+            draft_min=self.draft_min if self.draft_max is not None else min(self.draft_min, draft_max),
+            draft_p_min=self.draft_p_min,
+        ).validate()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One finished generation: `stats` has exactly the fields of `specdec run --json`'s."""
+
+    text: str
+    token_ids: list[int]
+    stop_reason: str  # "eos", "length", "context", "interrupted"
+    n_prompt_tokens: int
+    stats: RunStats
+    models: dict[str, str | None]
+    settings: dict[str, Any]
+    steps: tuple[Step, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The object `specdec run --json` prints."""
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "n_tokens": len(self.token_ids),
+            "stop_reason": self.stop_reason,
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "models": self.models,
+            "settings": self.settings,
+            "stats": self.stats.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Streamed text; `from_draft[i]` says whether token i was a draft token the target accepted."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    from_draft: tuple[bool, ...] = ()
+    generation: Generation | None = None  # set on the last chunk only
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    ids: list[int]
+    used_chat: bool
+
+
+class GenerationRun:
+    """One generation in progress: iterate `events()` (plain engine events), then read `generation`.
+
+    `cancel()` (from any thread), or the `cancel` callable/event given to `start`,
+    stops it at the next step with both caches consistent.
+    """
+
+    def __init__(self, owner: Speculator, gen: SpeculativeGenerator, settings: dict[str, Any], cancel: Any) -> None:
+        self._owner = owner
+        self._gen = gen
+        self._settings = settings
+        self._external = cancel
+        self._cancelled = threading.Event()
+        self.stats = Stats()
+
+    def _should_stop(self) -> bool:
+        ext = self._external
+        if self._cancelled.is_set():
+            return True
+        if isinstance(ext, threading.Event):
+            return ext.is_set()
+        return bool(ext()) if callable(ext) else False
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def events(self) -> Iterator[Event]:
+        if not self._owner._lock.acquire(blocking=False):
+            raise UsageError("this Speculator is already generating: one generation at a time per loaded pair")
+        try:
+            for ev in self._gen.events():
+                self.stats.observe(ev)
+                if isinstance(ev, DrafterDropped):  # only a draft model is ever dropped
+                    self._owner.draft_broken = ev.reason
+                yield ev
+        finally:
+            self._owner._lock.release()
+
+    @property
+    def generation(self) -> Generation:
+        res = self._gen.result
+        return Generation(
+            text=res.text,
+            token_ids=list(res.token_ids),
+            stop_reason=res.stop_reason or "interrupted",
+            n_prompt_tokens=res.n_prompt,
+            stats=self.stats.summary(res.wall_seconds),
+            models=self._owner.models,
+            settings=self._settings,
+            steps=tuple(res.steps),
+        )
+
+
+class Speculator:
+    """A loaded target (and draft) with their KV caches; see `load`."""
+
+    def __init__(
+        self,
+        choice: runner.ModelChoice,
+        target: Model,
+        draft: Model | None,
+        *,
+        drafter: str,
+        ngram: tuple[int, int],
+        n_threads: int | None,
+    ) -> None:
+        self.choice = choice
+        self.target = target
+        self.draft = draft
+        self.drafter = drafter  # the default kind for `generate`
+        self.ngram = ngram
+        self.n_threads = n_threads
+        self.draft_broken: str | None = None  # set when the draft model produced non-finite logits
+        self._auto: AutoState | None = None  # what the auto drafter learned, kept across generations
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------- facts
+    @property
+    def models(self) -> dict[str, str | None]:
+        c = self.choice
+        return {"target": str(c.target), "draft": str(c.draft) if c.draft else None, "pair": c.pair}
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    @property
+    def tokens_evaluated(self) -> dict[str, int]:
+        """Tokens each model has evaluated so far: shows what prefix reuse saved."""
+        return {"target": self.target.decoded_tokens, "draft": self.draft.decoded_tokens if self.draft else 0}
+
+    # ------------------------------------------------------------ prompts
+    def tokenize(self, prompt: Prompt | PromptTokens, *, system: str | None = None, chat: bool | None = None) -> PromptTokens:
+        """A string (the chat template applied when the model has one, unless chat=False), or messages."""
+        if isinstance(prompt, PromptTokens):
+            return prompt
+        if isinstance(prompt, str):
+            ids, used = runner.tokenize_prompt(self.target, prompt, use_chat=chat, system=system)
+            return PromptTokens(ids, used)
+        messages = runner.check_messages(prompt)
+        if chat is False:
+            raise UsageError("a list of messages needs the chat template: drop chat=False or pass a string")
+        if system:
+            messages = [{"role": "system", "content": system}, *messages]
+        return PromptTokens(runner.tokenize_chat(self.target, self.target.info().chat_template, messages), True)
+
+    # --------------------------------------------------------- generation
+    def start(
+        self,
+        prompt: Prompt | PromptTokens,
+        options: GenerateOptions | None = None,
+        *,
+        cancel: Callable[[], bool] | threading.Event | None = None,
+        **overrides: Any,
+    ) -> GenerationRun:
+        """Begin a generation; keyword overrides are `GenerateOptions` fields."""
+        try:
+            opts = dataclasses.replace(options or GenerateOptions(), **overrides)
+        except TypeError as exc:
+            raise UsageError(f"unknown generation option: {exc}") from None
+        kind = self._kind(opts.drafter)
+        k = opts.draft_max if opts.draft_max is not None else self._default_k(kind)
+        config = opts.config(k)
+        tokens = self.tokenize(prompt, system=opts.system, chat=opts.chat)
+        run: GenerationRun
+        gen = SpeculativeGenerator(self.target, self._make_drafter(kind, config), tokens.ids, config,
+                                   should_stop=lambda: run._should_stop())  # fmt: skip
+        run = GenerationRun(self, gen, self._settings(opts, kind, config, tokens.used_chat), cancel)
+        return run
+
+    def generate(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Generation:
+        run = self.start(prompt, options, **kw)
+        for _ in run.events():
+            pass
+        return run.generation
+
+    def stream(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Iterator[Chunk]:
+        run = self.start(prompt, options, **kw)
+        for ev in run.events():
+            if isinstance(ev, Step) and ev.emitted:
+                yield Chunk(
+                    "".join(t.text for t in ev.emitted),
+                    tuple(t.id for t in ev.emitted),
+                    tuple(t.source == DRAFT for t in ev.emitted),
+                )
+        yield Chunk("", generation=run.generation)
+
+    # ------------------------------------------------------------ helpers
+    def _kind(self, requested: str | None) -> str:
+        kind = requested or self.drafter
+        if kind not in (*DRAFTERS, NONE):
+            raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
+        if kind == MODEL and self.draft is None:
+            raise UsageError("the model drafter needs a draft model: load one (draft=... or a pair), or use 'ngram'")
+        if kind == MODEL and self.draft_broken:
+            return NONE
+        return kind
+
+    def auto_state(self, k_max: int) -> AutoState:
+        """The auto drafter's estimates: calibrated costs to start (calibration.py), then the runs' own."""
+        if self._auto is None:
+            from specdec_cli.calibration import calibrate
+
+            draft = self.draft if self.draft is not None and not self.draft_broken else None
+            cal = calibrate(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1)
+            state = AutoState()
+            if cal is not None:
+                state.costs = BatchCosts(cal.relative, cal.target_one)
+                state.draft_token_seconds = cal.draft_one
+            self._auto = state
+        return self._auto
+
+    def _default_k(self, kind: str) -> int:
+        if kind == MODEL and self.choice.draft_max:
+            return self.choice.draft_max
+        return DEFAULT_K.get(kind, DEFAULT_K[MODEL])
+
+    def _make_drafter(self, kind: str, config: GenerationConfig) -> Drafter | None:
+        """One fresh drafter per generation (the models, and so their caches, are shared)."""
+        inner: Drafter
+        if kind == AUTO:
+            model = None
+            if self.draft is not None and not self.draft_broken:
+                model = ModelDrafter(self.draft, config.draft_p_min, window=WINDOW)
+            state = self.auto_state(config.draft_max)
+            return AutoDrafter(NgramDrafter(*self.ngram), model, config.draft_max, state, self.choice.draft_max)
+        if kind == MODEL and self.draft is not None:
+            inner = ModelDrafter(self.draft, config.draft_p_min)
+        elif kind == NGRAM:
+            inner = NgramDrafter(*self.ngram)
+        else:
+            return None
+        return compose(inner, config)
+
+    def _settings(self, o: GenerateOptions, kind: str, config: GenerationConfig, used_chat: bool) -> dict[str, Any]:
+        drafting = kind != NONE
+        return {
+            "temperature": o.temperature,
+            "top_k": o.top_k,
+            "top_p": o.top_p,
+            "min_p": o.min_p,
+            "seed": o.seed,
+            "max_tokens": o.max_tokens,
+            "drafter": kind if drafting else None,
+            "draft_max": config.draft_max if drafting else 0,
+            "draft_min": o.draft_min,
+            "adaptive_k": o.adaptive,
+            "draft_p_min": o.draft_p_min,
+            "ngram": list(self.ngram) if kind in (NGRAM, AUTO) else None,
+            "ctx_size": self.target.n_ctx,
+            "threads": self.n_threads,
+            "chat_template": used_chat,
+            "system": o.system,
+        }
+
+    # ------------------------------------------------------------ cleanup
+    def close(self) -> None:
+        self.target.close()
+        if self.draft is not None:
+            self.draft.close()
+
+    def __enter__(self) -> Speculator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(
+    target: str | os.PathLike[str] | None = None,
+    draft: str | os.PathLike[str] | None = None,
+    *,
+    pair: str | None = None,
+    drafter: str | None = DEFAULT_DRAFTER,
+    n_ctx: int = DEFAULT_CTX,
+    n_threads: int | None = None,
+    n_gpu_layers: int = 0,
+    draft_gpu_layers: int = 0,
+    ngram: tuple[int, int] = DEFAULT_NGRAM,
+    verbose: bool = False,
+) -> Speculator:
+    """Load a target and its drafter.
+
+    `target`/`draft` are GGUF paths, or `target` is a pair name from models.toml
+    (`pair=` works too); nothing at all means the default pair. `drafter` is
+    "auto" (each step, the n-gram lookup, the draft model or a plain decode,
+    whichever the measured costs favour), "model" (the draft model proposes),
+    "ngram" (prompt lookup, no draft model), or None/"none" (the target alone).
+    """
+    validate_runtime(n_ctx, n_threads)
+    validate_ngram(*ngram)
+    kind = NONE if drafter is None else drafter
+    if kind not in (*DRAFTERS, NONE):
+        raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
+    if target is not None and draft is None and pair is None and runner.is_pair_name(target):
+        pair, target = str(target), None
+    choice = runner.choose_models(
+        Path(target) if target is not None else None,
+        Path(draft) if draft is not None else None,
+        pair,
+        no_draft=kind == NONE,
+        drafter=kind,
+    )
+    model_mod.set_verbose(verbose)
+    t, d = runner.load_pair(
+        choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers
+    )
+    return Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads)
+

@@ -1,0 +1,105 @@
+"""Starting cost estimates for the auto drafter: a few decodes, cached per model file and machine.
+
+The auto drafter decides from c_v(b), the cost of verifying b tokens, and c_d,
+the draft's cost per token (engine/estimates.py). It measures both while it
+runs, and its own measurements win; but its first decisions need a starting
+point, and a draft model that cannot pay should not be loaded into a cache and
+tried first. So the first time a target (and draft) file is used on this
+machine with this many threads, `calibrate` times single decodes and batches
+of 2..k_max+1 (about a second for the packaged models) and keeps the result in
+the cache directory (`calibration.json`). `SPECDEC_CALIBRATE=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec_cli.engine.costs import batch_costs, draft_token_seconds
+from specdec_cli.engine.model import Model
+from specdec_cli.packaged import cache_dir
+
+VERSION = 1
+BASE_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
+
+
+@dataclass(frozen=True)
+class Calibration:
+    target_one: float  # seconds for one single-token target decode
+    relative: dict[int, float]  # c_v(b) for b = 1..max
+    draft_one: float | None  # seconds for one single-token draft decode
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def _key(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> str:
+    parts = [f"v{VERSION}", _cpu(), f"threads={threads or os.cpu_count()}", f"b={max_batch}", _file_key(target.path)]
+    if draft is not None:
+        parts.append(_file_key(draft.path))
+    return "|".join(parts)
+
+
+def _store() -> Path:
+    return cache_dir() / "calibration.json"
+
+
+def _read() -> dict[str, dict]:
+    try:
+        data = json.loads(_store().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def calibrate(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> Calibration | None:
+    """Cached starting costs for this pair on this machine; None when turned off."""
+    if os.environ.get("SPECDEC_CALIBRATE", "1") == "0":
+        return None
+    key = _key(target, draft, threads, max_batch)
+    cached = _read().get(key)
+    if cached:
+        try:
+            return Calibration(
+                float(cached["target_one"]),
+                {int(b): float(c) for b, c in cached["relative"].items()},
+                None if cached.get("draft_one") is None else float(cached["draft_one"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            pass  # an old or damaged entry: measure again
+    room = target.n_ctx - max_batch - 1
+    base = target.tokenize(BASE_TEXT, add_special=True, parse_special=False)[: max(room, 0)]
+    if len(base) < max_batch:
+        return None  # a context this small leaves no room to measure: start from the defaults
+    probe = base[-max_batch:]
+    one, relative = batch_costs(target, base, probe, max_batch, repeats=5)
+    draft_one = draft_token_seconds(draft, base, probe[0]) if draft is not None else None
+    target.rollback(0)
+    if draft is not None:
+        draft.rollback(0)
+    cal = Calibration(one, relative, draft_one)
+    data = _read()
+    data[key] = {"target_one": one, "relative": relative, "draft_one": draft_one}
+    try:
+        _store().parent.mkdir(parents=True, exist_ok=True)
+        tmp = _store().with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(_store())
+    except OSError:
+        pass  # a read-only cache only costs the next run a calibration
+    return cal

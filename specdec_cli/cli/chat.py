@@ -1,0 +1,61 @@
+"""`specdec chat`: talk to a loaded pair, turn by turn."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from specdec_cli.cli.options import (
+    DrafterOptions,
+    DraftOptions,
+    MaxTokensOpt,
+    ModelOptions,
+    NgramOptions,
+    RuntimeOptions,
+    SamplingOptions,
+    SystemOpt,
+    generate_kwargs,
+    load,
+    with_options,
+)
+from specdec_cli.cli.output import Output
+
+
+@with_options
+def chat(
+    *,
+    models: ModelOptions,
+    drafting: DrafterOptions,
+    draft: DraftOptions,
+    ngram: NgramOptions,
+    sampling: SamplingOptions,
+    runtime: RuntimeOptions,
+    max_tokens: MaxTokensOpt = 512,
+    system: SystemOpt = None,
+) -> None:
+    """Talk to a target/draft pair, turn by turn (/help inside lists the commands)."""
+    from platformdirs import user_data_dir
+
+    from specdec_cli.api import GenerateOptions
+    from specdec_cli.chat_session import ChatSession
+    from specdec_cli.cli import repl
+
+    out = Output()
+    with out.errors():
+        options = GenerateOptions(max_tokens=max_tokens, **generate_kwargs(sampling, draft, drafting.fixed_k)).validate()
+        with load(models, runtime, ngram, drafting.kind) as spec:
+            session = ChatSession(spec, options, system=system)
+            c = spec.choice
+            draft_name = (
+                c.draft.name
+                if c.draft
+                else "n-gram lookup (no draft model)"
+                if spec.drafter == "ngram"
+                else "none (target alone)"
+            )
+            out.err.write(
+                f"specdec chat: target {c.target.name}, draft {draft_name}. "
+                "/help for commands, /exit or Ctrl-D to leave.\n"
+            )
+            reader = repl.LineReader(sys.stdin, Path(user_data_dir("specdec")) / "chat_history")
+            repl.Repl(session, sys.stdout, out.err, reader).run()

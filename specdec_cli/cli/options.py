@@ -1,0 +1,253 @@
+"""Options every command shares, defined once.
+
+An option group is a frozen dataclass whose fields are Typer options. A
+command names a group as one parameter (`sampling: SamplingOptions`) and
+`@with_options` expands it into the group's options for Typer, then builds
+the dataclass again before the command runs. So `run`, `chat`, `bench`,
+`pair-check` and `serve` take exactly the same `--temp`, `--draft-max`,
+`--threads`, ... with the same help and defaults, and the defaults come from
+the engine (`engine.config`, `SamplerSettings`).
+
+Values are not checked here: the engine checks them (`UsageError`), once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from specdec_cli.engine.config import (
+    AUTO,
+    DEFAULT_CTX,
+    DEFAULT_K,
+    DEFAULT_NGRAM,
+    DEFAULT_P_MIN,
+    MODEL,
+    NGRAM,
+    NONE,
+    SamplerSettings,
+)
+
+if TYPE_CHECKING:
+    from specdec_cli.api import Speculator
+
+F = TypeVar("F", bound=Callable[..., Any])
+_S = SamplerSettings()
+
+
+class DrafterKind(enum.StrEnum):
+    auto = AUTO
+    model = MODEL
+    ngram = NGRAM
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    target: Annotated[
+        Path | None, typer.Option(help="Target GGUF file: the model whose output you get.", rich_help_panel="Models")
+    ] = None
+    draft: Annotated[
+        Path | None, typer.Option(help="Draft GGUF file (same vocabulary, smaller).", rich_help_panel="Models")
+    ] = None
+    pair: Annotated[str | None, typer.Option(help="A named pair from models.toml.", rich_help_panel="Models")] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterOptions:
+    drafter: Annotated[
+        DrafterKind,
+        typer.Option(
+            "--drafter",
+            help="auto: each step, verify the n-gram proposal, a draft-model draft or nothing, whichever the "
+            "costs measured so far say is fastest (never slower than the target alone by more than its "
+            "retry budget); model: the draft model proposes; ngram: copy what followed the latest match of "
+            "the last tokens in the prompt and output (no draft model needed).",
+            rich_help_panel="Speculation",
+        ),
+    ] = DrafterKind.auto
+    no_draft: Annotated[
+        bool, typer.Option("--no-draft", help="Run the target alone (the baseline).", rich_help_panel="Models")
+    ] = False
+    fixed_k: Annotated[
+        bool,
+        typer.Option(
+            "--fixed-k",
+            help="Draft --draft-max tokens every step, instead of raising K after fully accepted drafts and "
+            "lowering it after rejections.",
+            rich_help_panel="Speculation",
+        ),
+    ] = False
+
+    @property
+    def kind(self) -> str:
+        """The API's drafter name: --no-draft is "none" (and contradicts --drafter ngram)."""
+        if self.no_draft and self.drafter == DrafterKind.ngram:
+            from specdec_cli.errors import UsageError
+
+            raise UsageError("--drafter ngram and --no-draft contradict each other")
+        return NONE if self.no_draft else self.drafter.value
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftOptions:
+    draft_max: Annotated[
+        int | None,
+        typer.Option(
+            "-k",
+            "--draft-max",
+            help=f"Most tokens drafted per step (default: the pair's, else {DEFAULT_K[MODEL]}; "
+            f"ngram and auto {DEFAULT_K[NGRAM]}).",
+            rich_help_panel="Speculation",
+        ),
+    ] = None
+    draft_min: Annotated[
+        int,
+        typer.Option("--draft-min", help="Fewest tokens the adaptive schedule drafts.", rich_help_panel="Speculation"),
+    ] = 1
+    draft_p_min: Annotated[
+        float,
+        typer.Option(
+            "--draft-p-min",
+            help="Draft model: stop a draft where its top token's probability is below this (0 = off).",
+            rich_help_panel="Speculation",
+        ),
+    ] = DEFAULT_P_MIN
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramOptions:
+    ngram_min: Annotated[
+        int,
+        typer.Option("--ngram-min", help="Shortest n-gram the ngram drafter matches.", rich_help_panel="Speculation"),
+    ] = DEFAULT_NGRAM[0]
+    ngram_max: Annotated[
+        int,
+        typer.Option("--ngram-max", help="Longest n-gram the ngram drafter tries first.", rich_help_panel="Speculation"),
+    ] = DEFAULT_NGRAM[1]
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        return (self.ngram_min, self.ngram_max)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOptions:
+    temp: Annotated[
+        float, typer.Option("--temp", help="Temperature; 0 = greedy.", rich_help_panel="Sampling")
+    ] = _S.temperature
+    top_k: Annotated[
+        int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel="Sampling")
+    ] = _S.top_k
+    top_p: Annotated[
+        float, typer.Option("--top-p", help="Nucleus sampling threshold (1 = off).", rich_help_panel="Sampling")
+    ] = _S.top_p
+    min_p: Annotated[
+        float,
+        typer.Option(
+            "--min-p", help="Drop tokens below min-p x the top probability (0 = off).", rich_help_panel="Sampling"
+        ),
+    ] = _S.min_p
+    seed: Annotated[
+        int | None, typer.Option(help="Seed for a reproducible sampled run.", rich_help_panel="Sampling")
+    ] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeOptions:
+    ctx_size: Annotated[
+        int, typer.Option("--ctx-size", help="Context window in tokens, for each model.", rich_help_panel="Runtime")
+    ] = DEFAULT_CTX
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads (default: all cores).", rich_help_panel="Runtime")
+    ] = None
+    gpu_layers: Annotated[int, typer.Option(help="Target layers to offload to a GPU.", rich_help_panel="Runtime")] = 0
+    draft_gpu_layers: Annotated[
+        int, typer.Option(help="Draft layers to offload to a GPU.", rich_help_panel="Runtime")
+    ] = 0
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show llama.cpp's own log.", rich_help_panel="Runtime")
+    ] = False
+
+
+# Single options more than one command takes (each command picks its own default).
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+MaxTokensOpt = Annotated[
+    int, typer.Option("-n", "--max-tokens", help="Stop after this many tokens.", rich_help_panel="Sampling")
+]
+SystemOpt = Annotated[str | None, typer.Option(help="System prompt (with the chat template).")]
+
+
+def generate_kwargs(sampling: SamplingOptions, draft: DraftOptions, fixed_k: bool = False) -> dict[str, Any]:
+    """The API's `GenerateOptions` fields these groups set."""
+    return {
+        "temperature": sampling.temp,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "seed": sampling.seed,
+        "draft_max": draft.draft_max,
+        "draft_min": draft.draft_min,
+        "draft_p_min": draft.draft_p_min,
+        "adaptive": not fixed_k,
+    }
+
+
+def load(
+    models: ModelOptions, runtime: RuntimeOptions, ngram: NgramOptions, drafter: str, *, no_draft: bool = False
+) -> Speculator:
+    from specdec_cli import api
+
+    return api.load(
+        models.target,
+        models.draft,
+        pair=models.pair,
+        drafter=NONE if no_draft else drafter,
+        n_ctx=runtime.ctx_size,
+        n_threads=runtime.threads,
+        n_gpu_layers=runtime.gpu_layers,
+        draft_gpu_layers=runtime.draft_gpu_layers,
+        ngram=ngram.sizes,
+        verbose=runtime.verbose,
+    )
+
+
+def with_options(fn: F) -> F:
+    """Expand option-group parameters (dataclass-typed) into their fields for Typer."""
+    sig = inspect.signature(fn, eval_str=True)
+    hints = typing.get_type_hints(fn, include_extras=True)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, tuple[type, list[str]]] = {}
+    for p in sig.parameters.values():
+        ann = hints.get(p.name, p.annotation)
+        if isinstance(ann, type) and dataclasses.is_dataclass(ann):
+            field_hints = typing.get_type_hints(ann, include_extras=True)
+            names = []
+            for f in dataclasses.fields(ann):
+                params.append(
+                    inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=field_hints[f.name])
+                )
+                names.append(f.name)
+            groups[p.name] = (ann, names)
+        else:
+            params.append(p.replace(annotation=ann, kind=inspect.Parameter.KEYWORD_ONLY))
+    seen = [p.name for p in params]
+    if len(seen) != len(set(seen)):
+        raise TypeError(f"{fn.__name__}: an option is defined twice ({seen})")
+
+    @functools.wraps(fn)
+    def wrapper(**kw: Any) -> Any:
+        for name, (cls, names) in groups.items():
+            kw[name] = cls(**{n: kw.pop(n) for n in names})
+        return fn(**kw)
+
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,112 @@
+"""The one place that decides human output or `--json` (as huggingface_hub's `cli/_output.py` does).
+
+A command builds its result (a JSON-able payload and a function that shows it
+to a person) and hands both to `Output`; it never branches on `--json` itself.
+Errors go through `Output.errors()`: a `SpecdecError` becomes one `Error:` line
+on stderr and its exit code (1, or 2 for usage errors); `SPECDEC_DEBUG=1`
+shows the traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from typing import IO, TYPE_CHECKING, Any
+
+import typer
+
+from specdec_cli.errors import SpecdecError
+
+if TYPE_CHECKING:
+    from specdec_cli.render.generation import Renderer
+
+
+def usage_error(message: str) -> typer.Exit:
+    from specdec_cli.render import error_line
+
+    error_line(message)
+    return typer.Exit(2)
+
+
+class Output:
+    def __init__(self, json_mode: bool = False, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+        self.json = json_mode
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self._teardown: list[Callable[[], None]] = []
+
+    # ------------------------------------------------------------ results
+    def result(self, payload: dict[str, Any], human: Callable[[], None]) -> None:
+        """One JSON object on stdout, or the human rendering."""
+        if self.json:
+            self.out.write(json.dumps(payload, ensure_ascii=False) + "\n")
+            self.out.flush()
+        else:
+            human()
+
+    def generation(self, title: str) -> Renderer:
+        """Streams a generation: coloured text and a live panel, plain text, or JSON at the end."""
+        from specdec_cli.render.generation import make_renderer
+
+        renderer = make_renderer(self.json, self.out, self.err, title=title)
+        self._teardown.append(renderer.abort)
+        return renderer
+
+    @contextlib.contextmanager
+    def progress(self, total: int) -> Iterator[Callable[[str], None]]:
+        """A progress bar on a terminal (never with --json); yields the function that advances it."""
+        if self.json or not self.err.isatty():
+            yield lambda _label: None
+            return
+        from specdec_cli.render.reports import bench_progress
+
+        with bench_progress(total) as advance:
+            yield advance
+
+    # ------------------------------------------------------- diagnostics
+    def warning(self, message: str) -> None:
+        from specdec_cli.render import warning
+
+        warning(message, self.err)
+
+    def note(self, message: str) -> None:
+        """Information for a person (never with --json): stderr."""
+        if not self.json:
+            self.err.write(message + "\n")
+
+    @contextlib.contextmanager
+    def errors(self, on_error: Callable[[], None] | None = None) -> Iterator[None]:
+        """Map SpecdecError to one `Error:` line and its exit code."""
+        try:
+            yield
+        except SpecdecError as exc:
+            for teardown in self._teardown:
+                teardown()
+            if on_error is not None:
+                on_error()
+            if os.environ.get("SPECDEC_DEBUG"):
+                traceback.print_exc()
+            from specdec_cli.render import error_line
+
+            error_line(str(exc), self.err)
+            raise typer.Exit(exc.exit_code) from None
+
+
+def user_errors(on_error: Callable[[], None] | None = None) -> contextlib.AbstractContextManager[None]:
+    """`Output().errors()` for commands with no other output to decide."""
+    return Output().errors(on_error)
+
+
+def read_prompt(prompt: str | None) -> str:
+    if prompt is None or prompt == "-":
+        if prompt is None and sys.stdin.isatty():
+            raise usage_error("give a PROMPT, or pipe one on stdin (use - to read stdin explicitly)")
+        text = sys.stdin.read()
+        if not text.strip():
+            raise usage_error("the prompt read from stdin is empty")
+        return text.rstrip("\n")
+    return prompt

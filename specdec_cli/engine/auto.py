@@ -1,0 +1,211 @@
+"""The auto drafter: before every step, choose what to verify from measured costs.
+
+It holds the n-gram lookup (free) and, when one is loaded, a draft model. Each
+step it compares three things by the speedup model (estimates.py), every term
+measured during the run:
+
+- a plain one-token decode: 1.0 by definition;
+- the n-gram proposal's best prefix j: E_ng(j) / c_v(j+1), with E_ng from
+  shadow scoring (every proposal is scored against what the target produced,
+  verified or not);
+- a model draft of the best length K: E_m(K) / (K c_d + c_v(K+1)), with E_m
+  from the model's verified steps and c_d its measured cost per token.
+
+and verifies the best. The choice depends only on the past, so greedy output
+is the target's and the sampled distribution too.
+
+A draft model that does not pay is paused, not dropped. While paused its cache
+is left behind (nothing is spent on it); a retry catches it up on at most
+`WINDOW` recent tokens in one batch and drafts once, and retries are spaced so
+that their cost (catch-up plus the step's expected loss) stays under
+`RETRY_SHARE` of the generation time. A draft model that could not pay even if
+every token were accepted is not retried until its measured costs change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specdec_cli.engine.config import AUTO, MODEL, NGRAM
+from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, ModelDrafter, NgramDrafter, Outcome, Proposal
+from specdec_cli.engine.estimates import EMA, Acceptance, BatchCosts, best_length, perfect_speedup, step_speedup
+from specdec_cli.engine.gate import ShadowScore
+
+WINDOW = 64  # tokens a paused draft model re-reads when it is retried
+RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model
+RESUME_MARGIN = 0.03  # a paused draft model resumes only when predicted to win by this much (no flapping)
+MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verified step
+
+
+@dataclass
+class AutoState:
+    """What the auto drafter has learned; a `Speculator` keeps it across generations (a chat goes on learning)."""
+
+    costs: BatchCosts = field(default_factory=BatchCosts)
+    ngram: Acceptance = field(default_factory=Acceptance)
+    model: Acceptance = field(default_factory=lambda: Acceptance(prior=MODEL_PRIOR))
+    draft_token_seconds: float | None = None  # the draft model's cost per drafted token
+    draft_batch_token_seconds: float | None = None  # ... per token of a catch-up batch
+    paused: bool = False
+    budget: float = 0.0  # seconds of retry cost the generation time so far allows
+    steps: int = 0
+
+    def draft_cost(self) -> float | None:
+        """c_d: the draft's cost per token in single-token target decodes."""
+        one = self.costs.one
+        if self.draft_token_seconds is None or not one:
+            return None
+        return self.draft_token_seconds / one
+
+
+class AutoDrafter:
+    name = AUTO
+    free = False
+
+    def __init__(
+        self,
+        ngram: NgramDrafter,
+        model: ModelDrafter | None,
+        k_max: int,
+        state: AutoState,
+        model_k_max: int | None = None,
+    ) -> None:
+        self.ngram = ngram
+        self.model = model
+        self._loaded = model
+        self.k_max = k_max
+        self.model_k_max = min(k_max, model_k_max or k_max)  # a pair's draft_max caps model drafts only
+        self.state = state
+        self.shadow = ShadowScore(state.ngram)
+        self._choice = ""
+        self._note: str | None = None
+
+    def decode_seconds(self) -> float:
+        return self._loaded.decode_seconds() if self._loaded else 0.0  # a dropped model's time still counts
+
+    # ---------------------------------------------------------- lifecycle
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.ngram.begin(prompt)
+        self._note = None
+        if self.model is None:
+            return
+        if not self._model_could_pay():
+            if not self.state.paused:
+                self.state.paused = True
+                self._note = self._pause_reason(self.model_k_max)
+        elif not self.state.paused:
+            self.model.begin(prompt)
+
+    def propose(self, req: DraftRequest) -> Proposal:
+        s = self.state
+        s.steps += 1
+        note, self._note = self._note, None
+        ng = self.ngram.propose(req)
+        self.shadow.propose(len(req.context), ng.tokens)
+        j, v_ng = best_length(s.ngram, s.costs, len(ng.tokens))
+        choice, value = "plain", 1.0
+        if j and v_ng > value:
+            choice, value = NGRAM, v_ng
+        if self.model is not None:
+            k_m, v_m = self._model_value(min(req.k, self.model_k_max))
+            pays = k_m > 0 and v_m > (1.0 + RESUME_MARGIN if s.paused else 1.0)
+            if pays and s.paused:
+                s.paused, note = False, f"draft model resumed: {v_m:.2f}x predicted"
+            elif not pays and not s.paused:
+                s.paused, s.budget, note = True, 0.0, self._pause_reason(req.k)
+            if pays and v_m > value:
+                choice, value = MODEL, v_m
+            elif s.paused and choice == "plain" and self._retry_due(min(req.k, self.model_k_max)):
+                k_m = max(1, k_m)
+                choice, value = MODEL, self._model_speedup(k_m)
+                note = "retrying the paused draft model"
+        self._choice = choice
+        if choice == NGRAM:
+            return dataclasses.replace(ng.cut(j), k=j, predicted_speedup=value, note=note)
+        if choice == MODEL:
+            proposal = self._draft(dataclasses.replace(req, k=k_m))
+            return dataclasses.replace(proposal, predicted_speedup=value, note=note)
+        return Proposal(k=0, predicted_speedup=1.0, note=note)
+
+    def accept(self, outcome: Outcome) -> None:
+        s = self.state
+        n = len(outcome.proposal.tokens)
+        s.costs.observe(n + 1, outcome.t_target)
+        one = s.costs.one or outcome.t_target
+        s.budget += RETRY_SHARE * one  # each step's plain-decode equivalent earns retry time
+        self.shadow.score(outcome.context)
+        if self._choice == MODEL and n:
+            s.model.observe(n, outcome.n_accepted)
+        self.ngram.accept(outcome)
+
+    # ------------------------------------------------------------ the model
+    def _model_could_pay(self) -> bool:
+        cd = self.state.draft_cost()
+        return cd is None or perfect_speedup(self.state.costs, self.model_k_max, cd)[1] > 1.0
+
+    def _model_value(self, k: int) -> tuple[int, float]:
+        if self.model is None:
+            return 0, 0.0
+        cd = self.state.draft_cost()
+        if cd is None:
+            cd = 0.0  # not measured yet: the first model step measures it
+        return best_length(self.state.model, self.state.costs, k, cd)
+
+    def _model_speedup(self, k: int) -> float:
+        s = self.state
+        return step_speedup(s.model.expected(k), k, s.draft_cost() or 0.0, s.costs)
+
+    def _pause_reason(self, k: int) -> str:
+        s = self.state
+        cd = s.draft_cost() or 0.0
+        k = max(1, k)
+        if s.model.n == 0:
+            best = perfect_speedup(s.costs, k, cd)[1]
+            return (f"draft costs {cd:.2f} target tokens: even a draft the target always accepted "
+                    f"would run at {best:.2f}x the target alone: paused")  # fmt: skip
+        best = max(self._model_speedup(j) for j in range(1, k + 1))
+        return f"draft costs {cd:.2f} target tokens, acceptance {s.model.rate(0):.0%} → {best:.2f}x at best: paused"
+
+    def _retry_cost(self, k: int) -> float:
+        """Seconds a retry is expected to cost: the catch-up batch and the step's loss against a plain decode."""
+        s = self.state
+        one = s.costs.one or 0.0
+        per = s.draft_batch_token_seconds or s.draft_token_seconds or one
+        cd = s.draft_cost() or 1.0
+        loss = max(0.0, (k * cd + s.costs.relative(k + 1)) - s.model.expected(k)) * one
+        return WINDOW * per + loss
+
+    def _retry_due(self, k: int) -> bool:
+        if not self._model_could_pay():
+            return False
+        s = self.state
+        cost = self._retry_cost(min(k, 2))
+        if s.budget >= cost:
+            s.budget -= cost
+            return True
+        return False
+
+    def _draft(self, req: DraftRequest) -> Proposal:
+        assert self.model is not None
+        s = self.state
+        t0 = self.model.decode_seconds()
+        try:
+            proposal = self.model.propose(req)
+        except DraftUnusable as exc:
+            self.model = None  # corrupt draft: the n-gram lookup goes on alone
+            raise DraftUnusable(str(exc), fallback=self) from None
+        t = self.model.decode_seconds() - t0
+        n_caught, t_caught = self.model.last_catch_up
+        calls = len(proposal.tokens)  # a step is one catch-up call (1-2 tokens) and one call per further token
+        if n_caught > 2:  # a catch-up batch after a pause: its cost per token is not drafting's
+            s.draft_batch_token_seconds = _ema(s.draft_batch_token_seconds, t_caught / n_caught)
+            t, calls = t - t_caught, calls - 1
+        if calls > 0:
+            s.draft_token_seconds = _ema(s.draft_token_seconds, t / calls)
+        return proposal
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EMA) * old + EMA * new

@@ -1,0 +1,161 @@
+"""What the speedup model needs, learned while generating: acceptance by position and batch costs.
+
+The speedup of one step over a plain one-token decode (README, "The speedup model"):
+
+    E(K) / (K c_d + c_v(K+1)),   E(K) = 1 + sum_{i<=K} P(the first i drafted tokens are accepted)
+
+with c_d the draft's cost per token and c_v(b) the cost of verifying a batch of b
+tokens, both in units of one single-token target decode. `Acceptance` estimates
+the P(...) terms, `BatchCosts` the c_v(b), from what the run measures; the
+auto drafter and the n-gram cost gate both decide with them, and only from the
+past, so greedy output and the sampled distribution stay the target's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+DECAY = 0.97  # weight of older observations, per observation
+EMA = 0.2
+PRIOR_MARGINAL = 0.3  # assumed cost of each extra token in a batch, before any is measured or calibrated
+
+
+class Acceptance:
+    """Conditional acceptance by position: P(position i accepted | every earlier one was).
+
+    Estimates are smoothed towards `prior` with weight `weight` (in observations)
+    and older observations decay, so a drafter that stops matching the text is
+    noticed within a few dozen steps.
+    """
+
+    def __init__(self, prior: float = 0.5, weight: float = 2.0, decay: float = DECAY) -> None:
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.tries: list[float] = []  # tries[i]: proposals that reached position i + 1
+        self.hits: list[float] = []  # hits[i]: ... and were accepted there
+        self.n = 0  # observations, undecayed
+
+    def rate(self, i: int) -> float:
+        t = self.tries[i] if i < len(self.tries) else 0.0
+        h = self.hits[i] if i < len(self.hits) else 0.0
+        return (h + self.prior * self.weight) / (t + self.weight)
+
+    def p_run(self, n: int) -> list[float]:
+        """P(the first i tokens are accepted), i = 1..n."""
+        out, p = [], 1.0
+        for i in range(n):
+            p *= self.rate(i)
+            out.append(p)
+        return out
+
+    def expected(self, k: int) -> float:
+        """E(k): tokens a step that verifies k drafted tokens emits, on average."""
+        return 1.0 + sum(self.p_run(k))
+
+    def observe(self, n_proposed: int, n_accepted: int) -> None:
+        """A proposal of n tokens whose first n_accepted were right (positions past the first miss were not reached)."""
+        n = min(n_proposed, n_accepted + 1)
+        if n <= 0:
+            return
+        while len(self.tries) < n:
+            self.tries.append(0.0)
+            self.hits.append(0.0)
+        self.tries = [t * self.decay for t in self.tries]
+        self.hits = [h * self.decay for h in self.hits]
+        for i in range(n):
+            self.tries[i] += 1.0
+            if i < n_accepted:
+                self.hits[i] += 1.0
+        self.n += 1
+
+
+class BatchCosts:
+    """c_v(b): seconds to decode a batch of b tokens (logits at every row) over seconds for one.
+
+    Each size keeps the median of its last `WINDOW` timings, not a moving
+    average: one slow single-token decode (a noisy neighbour, a frequency dip)
+    must not make batches look cheap. That was the n-gram gate's open-ended
+    loss: an inflated one-token time made verification look nearly free, the
+    gate then verified every step, so no plain decode ever corrected the figure.
+    A size is trusted after `MIN_SAMPLES` timings; before that the calibration
+    (`prior`, relative costs) stands, else the marginal cost of the sizes known,
+    else `PRIOR_MARGINAL`. Costs never fall as the batch grows.
+    """
+
+    WINDOW = 15
+    MIN_SAMPLES = 3
+
+    def __init__(self, prior: Mapping[int, float] | None = None, prior_one: float | None = None) -> None:
+        self.prior = dict(prior or {})
+        self.prior_one = prior_one
+        self.samples: dict[int, list[float]] = {}
+        self._medians: dict[int, float] = {}
+        self._relative: dict[int, float] = {}  # cleared by every observation
+
+    def observe(self, batch: int, seconds: float) -> None:
+        xs = self.samples.setdefault(batch, [])
+        xs.append(seconds)
+        if len(xs) > self.WINDOW:
+            del xs[0]
+        if len(xs) >= self.MIN_SAMPLES:
+            self._medians[batch] = statistics.median(xs)
+        self._relative.clear()
+
+    def _measured(self, b: int) -> float | None:
+        return self._medians.get(b)
+
+    @property
+    def one(self) -> float | None:
+        """Seconds for a single-token decode: measured, else calibrated."""
+        measured = self._measured(1)
+        return measured if measured is not None else self.prior_one
+
+    def _raw(self, b: int, one: float | None) -> float | None:
+        m = self._measured(b)
+        if m is not None and one:
+            return m / one
+        return self.prior.get(b)
+
+    def relative(self, b: int) -> float:
+        if b <= 1:
+            return 1.0
+        cached = self._relative.get(b)
+        if cached is None:
+            cached = self._relative[b] = self._compute(b)
+        return cached
+
+    def _compute(self, b: int) -> float:
+        one = self.one
+        known = {s: c for s in range(2, b + 1) if (c := self._raw(s, one)) is not None}
+        if b in known:
+            value = known[b]
+        else:
+            sizes = set(self.prior) | set(self.samples)
+            slopes = [(c - 1.0) / (s - 1) for s in sizes if s > 1 and (c := self._raw(s, one)) is not None]
+            marginal = sum(slopes) / len(slopes) if slopes else PRIOR_MARGINAL
+            value = 1.0 + max(marginal, 0.0) * (b - 1)
+        # Monotone: a bigger batch costs at least what a smaller one does.
+        return max([1.0, value, *known.values()])
+
+
+def step_speedup(expected: float, k: int, draft_cost: float, costs: BatchCosts) -> float:
+    """E(K) / (K c_d + c_v(K+1)): one step's tokens per unit of time, over a plain decode's."""
+    return expected / (k * draft_cost + costs.relative(k + 1))
+
+
+def best_length(acc: Acceptance, costs: BatchCosts, k_max: int, draft_cost: float = 0.0) -> tuple[int, float]:
+    """(K, predicted speedup over a plain decode) maximising E(K) / (K c_d + c_v(K+1)); K = 0 is a plain decode."""
+    best_k, best = 0, 1.0
+    expected = 1.0
+    for k, p in enumerate(acc.p_run(k_max), start=1):
+        expected += p
+        value = step_speedup(expected, k, draft_cost, costs)
+        if value > best:
+            best_k, best = k, value
+    return best_k, best
+
+
+def perfect_speedup(costs: BatchCosts, k_max: int, draft_cost: float = 0.0) -> tuple[int, float]:
+    """The best any drafter of this cost could do: every token accepted, at the best K."""
+    return max(((k, step_speedup(k + 1, k, draft_cost, costs)) for k in range(1, k_max + 1)),
+               key=lambda kv: kv[1], default=(0, 1.0))  # fmt: skip

@@ -1,0 +1,84 @@
+"""Policies that wrap a drafter: how long a draft is, and how much of it is verified.
+
+`compose(inner, config)` is the one place that assembles them, as the API,
+bench, the tests and the benchmarks all want the same thing: a fixed K, or
+(adaptive) K following acceptance, plus, for a free drafter, the cost gate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from specdec_cli.engine.config import GenerationConfig
+from specdec_cli.engine.drafters import Drafter, DraftRequest, Outcome, Proposal
+from specdec_cli.engine.gate import CostGate
+
+
+def compose(inner: Drafter, config: GenerationConfig) -> Drafter:
+    if not config.adaptive:
+        return inner
+    adaptive = AdaptiveLength(inner, config.draft_min, config.draft_max)
+    return CostGated(adaptive) if inner.free else adaptive
+
+
+class AdaptiveLength:
+    """K up by one after a draft the target accepted whole, down by one after a
+    rejection, within [lo, hi].
+
+    A draft that stopped short on its own (p-min, no n-gram match) and was
+    accepted whole says nothing about K and leaves it alone.
+    """
+
+    def __init__(self, inner: Drafter, lo: int, hi: int) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.free = inner.free
+        self.lo, self.hi = lo, hi
+        self.k = hi
+        self._asked = 0
+
+    def decode_seconds(self) -> float:
+        return self.inner.decode_seconds()
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.inner.begin(prompt)
+
+    def propose(self, req: DraftRequest) -> Proposal:
+        self._asked = min(self.k, req.k)
+        return self.inner.propose(dataclasses.replace(req, k=self._asked))
+
+    def accept(self, outcome: Outcome) -> None:
+        n_drafted = len(outcome.proposal.tokens)
+        if n_drafted:
+            if outcome.n_accepted < n_drafted:
+                self.k = max(self.lo, self.k - 1)
+            elif n_drafted >= self._asked:
+                self.k = min(self.hi, self.k + 1)
+        self.inner.accept(outcome)
+
+
+class CostGated:
+    """A free drafter whose proposals are trimmed by a `CostGate` (the n-gram drafter with adaptive K)."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.free = inner.free
+        self.gate = CostGate()
+
+    def decode_seconds(self) -> float:
+        return self.inner.decode_seconds()
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.inner.begin(prompt)
+
+    def propose(self, req: DraftRequest) -> Proposal:
+        proposal = self.inner.propose(req)
+        self.gate.propose(len(req.context), proposal.tokens)
+        return proposal.cut(self.gate.choose(len(proposal.tokens)))
+
+    def accept(self, outcome: Outcome) -> None:
+        self.gate.observe_cost(len(outcome.proposal.tokens) + 1, outcome.t_target)
+        self.gate.score(outcome.context)
+        self.inner.accept(outcome)

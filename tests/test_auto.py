@@ -1,0 +1,163 @@
+"""The auto drafter's controller, on numpy fakes with simulated decode costs (tests/fakes.py).
+
+A fake's decode of n tokens "takes" call_cost + token_cost * n seconds, so the
+cost tables the controller learns are the ones given here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec_cli.engine.auto import RETRY_SHARE, AutoDrafter, AutoState
+from specdec_cli.engine.config import GenerationConfig, SamplerSettings
+from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.engine.estimates import Acceptance, BatchCosts, best_length, perfect_speedup
+from specdec_cli.engine.events import DrafterDropped
+from specdec_cli.engine.speculative import SpeculativeGenerator
+from specdec_cli.engine.stats import Stats
+from tests.fakes import FakeModel, greedy_reference
+
+V = 24
+PROMPT = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+
+# Batch of b costs b single decodes (a CPU in exact mode, at worst): nothing can pay.
+EXPENSIVE = {"call_cost": 0.0, "token_cost": 1.0}
+# Batch of b costs 1 + 0.02 (b - 1) (a GPU, a bandwidth-bound target): drafting pays.
+CHEAP = {"call_cost": 1.0, "token_cost": 0.02}
+
+
+def state_for(target: FakeModel, draft: FakeModel | None) -> AutoState:
+    """What calibration would give: the fakes' own cost tables."""
+    one = target.call_cost + target.token_cost
+    state = AutoState()
+    state.costs = BatchCosts({b: (target.call_cost + target.token_cost * b) / one for b in range(1, 10)}, one)
+    if draft is not None:
+        state.draft_token_seconds = draft.call_cost + draft.token_cost
+    return state
+
+
+def run(target: FakeModel, draft: FakeModel | None, state: AutoState, max_tokens: int = 80, **cfg: object):
+    config = GenerationConfig(max_tokens=max_tokens, draft_max=8, **cfg)  # type: ignore[arg-type]
+    model = ModelDrafter(draft, window=16) if draft is not None else None
+    auto = AutoDrafter(NgramDrafter(1, 3), model, 8, state)
+    gen = SpeculativeGenerator(target, auto, PROMPT, config)
+    events = list(gen.events())
+    return gen.result, Stats.of(events)
+
+
+def test_expensive_verification_drafts_nothing_and_never_touches_the_draft() -> None:
+    target = FakeModel(V, 512, seed=4, **EXPENSIVE)
+    draft = FakeModel(V, 512, seed=4, noise=0.1, call_cost=0.5, token_cost=0.5)
+    state = state_for(target, draft)
+    res, stats = run(target, draft, state)
+    assert res.token_ids == greedy_reference(FakeModel(V, 512, seed=4), PROMPT, 80)[0]
+    assert stats.by_drafter.get("model") is None
+    assert draft.decoded_tokens == 0  # paused before its first prefill: no cost at all
+    assert stats.notes and "always accepted would run at 0.67x" in stats.notes[0]  # K=1: 2 / (1 + 2)
+    # The n-gram lookup is only verified when its shadow score says it pays; with batches
+    # this expensive even a perfect proposal only breaks even, so plain decodes win.
+    assert stats.plain_steps >= stats.steps - 2
+    assert all(p >= 1.0 for p in stats.predicted)
+
+
+def test_cheap_verification_keeps_a_good_draft_model() -> None:
+    target = FakeModel(V, 512, seed=4, **CHEAP)
+    draft = FakeModel(V, 512, seed=4, noise=0.1, call_cost=0.05, token_cost=0.001)
+    res, stats = run(target, draft, state_for(target, draft))
+    assert res.token_ids == greedy_reference(FakeModel(V, 512, seed=4), PROMPT, 80)[0]
+    model_steps = stats.by_drafter["model"][0]
+    assert model_steps > stats.steps * 0.8
+    assert stats.accepted / stats.drafted > 0.6
+    assert stats.tokens_per_step > 2.5
+    assert not any("paused" in n for n in stats.notes)
+
+
+def test_a_draft_that_stops_agreeing_is_paused_and_retried_within_budget() -> None:
+    # A large vocabulary and a long window: text that does not repeat, so the n-gram lookup rarely helps.
+    target = FakeModel(500, 4096, seed=7, window=4, **CHEAP)
+    # An unrelated draft: almost never right. Its tokens cost 0.3 target tokens.
+    draft = FakeModel(500, 4096, seed=99, window=4, call_cost=0.3, token_cost=0.0)
+    state = state_for(target, draft)
+    res, stats = run(target, draft, state, max_tokens=1500)
+    assert res.token_ids == greedy_reference(FakeModel(500, 4096, seed=7, window=4), PROMPT, 1500)[0]
+    assert any("paused" in n for n in stats.notes)
+    retries = sum(n == "retrying the paused draft model" for n in stats.notes)
+    assert retries >= 1  # paused, not abandoned
+    # Time spent in the draft model after the pause (catch-ups and retry drafts) stays
+    # within the retry budget: RETRY_SHARE of the generation time.
+    paused_at = next(i for i, st in enumerate(res.steps) if st.note and "paused" in st.note)
+    after = res.steps[paused_at + 1 :]
+    spent = sum(st.t_draft for st in after)
+    total = sum(st.t_draft + st.t_target for st in after)
+    assert 0 < spent <= RETRY_SHARE * total
+
+
+def test_controller_prefers_the_ngram_proposal_on_repetitive_text() -> None:
+    target = FakeModel(V, 512, seed=11, window=1, **CHEAP)  # window 1: the text cycles, lookup is right
+    res, stats = run(target, None, state_for(target, None), max_tokens=120)
+    assert res.token_ids == greedy_reference(FakeModel(V, 512, seed=11, window=1), PROMPT, 120)[0]
+    assert stats.by_drafter["ngram"][0] > stats.steps / 2
+    assert stats.tokens_per_step > 3
+
+
+def test_sampling_with_auto_keeps_every_invariant() -> None:
+    target = FakeModel(V, 512, seed=4, **CHEAP)
+    draft = FakeModel(V, 512, seed=4, noise=0.3, call_cost=0.05, token_cost=0.001)
+    res, stats = run(target, draft, state_for(target, draft), seed=3,
+                     sampler=SamplerSettings(1.0, top_k=0, top_p=1.0, min_p=0.0))  # fmt: skip
+    assert len(res.token_ids) == 80 and stats.accepted <= stats.drafted
+
+
+def test_speedup_model_numbers() -> None:
+    """The README's figures for this CPU: SmolLM2 c(2)=1.75, c(5)=3.82, c(9)=6.65."""
+    costs = BatchCosts({2: 1.75, 5: 3.82, 9: 6.65})
+    # A perfect free drafter: best at K = 8 (9 / 6.65 = 1.35x; c(3), c(4) interpolate).
+    k, best = perfect_speedup(costs, 8)
+    assert k == 8 and abs(best - 9 / 6.65) < 1e-9
+    # The default pair's draft costs a target token: even a perfect one loses.
+    assert perfect_speedup(costs, 8, draft_cost=1.0)[1] < 1.0
+    # With 50% acceptance a free drafter should not be verified at all.
+    assert best_length(Acceptance(prior=0.5), costs, 8) == (0, 1.0)
+
+
+def test_one_slow_decode_does_not_make_batches_look_free() -> None:
+    """The n-gram gate's open-ended loss: a moving average of single-token times, inflated by one
+    slow decode, made c(2) look like 1.1; the gate then verified every step and, doing no plain
+    decode any more, never corrected it. Medians of recent timings, and costs that never fall
+    as the batch grows, keep the estimate where it belongs."""
+    costs = BatchCosts()
+    for t in [0.010] * 6 + [0.040]:  # one decode four times slower than the rest
+        costs.observe(1, t)
+    for _ in range(3):
+        costs.observe(2, 0.0175)
+    assert abs(costs.relative(2) - 1.75) < 1e-9
+    assert costs.relative(3) >= costs.relative(2)  # unmeasured sizes follow the measured marginal cost
+    # With 30% acceptance at position 1 a free drafter is not verified at all.
+    assert best_length(Acceptance(prior=0.3, weight=100), costs, 8)[0] == 0
+    # Noisy larger batches never make a bigger batch cheaper than a smaller one.
+    for _ in range(3):
+        costs.observe(5, 0.012)
+    assert costs.relative(5) >= 1.75
+
+
+class NanModel(FakeModel):
+    """A draft with corrupt weights: every row it returns is NaN."""
+
+    def decode(self, tokens, n_logits=1):  # type: ignore[no-untyped-def]
+        rows = super().decode(tokens, n_logits)
+        return np.full_like(rows, np.nan)
+
+
+def test_a_corrupt_draft_is_dropped_and_the_ngram_lookup_goes_on() -> None:
+    target = FakeModel(V, 512, seed=4, **CHEAP)
+    draft = NanModel(V, 512, seed=4, call_cost=0.05, token_cost=0.001)
+    config = GenerationConfig(max_tokens=60, draft_max=8, seed=1, sampler=SamplerSettings(1.0, 0, 1.0, 0.0))
+    auto = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, window=16), 8, state_for(target, draft))
+    gen = SpeculativeGenerator(target, auto, PROMPT, config)
+    events = list(gen.events())
+    dropped = [e for e in events if isinstance(e, DrafterDropped)]
+    assert len(dropped) == 1 and "n-gram lookup goes on alone" in dropped[0].reason
+    assert gen.drafter is auto and auto.model is None
+    stats = Stats.of(events)
+    assert "model" not in stats.by_drafter  # nothing the corrupt draft proposed was verified
+    assert stats.by_drafter["ngram"][0] > 0 and len(gen.result.token_ids) == 60
