@@ -35,22 +35,20 @@ from specdec_cli.engine.config import (
     DEFAULT_CTX,
     DEFAULT_DRAFTER,
     DEFAULT_K,
-    DEFAULT_MAX_TOKENS,
     DEFAULT_NGRAM,
-    DRAFTERS,
     MODEL,
     NGRAM,
     NONE,
+    GenerateOptions,
     GenerationConfig,
+    check_drafter,
     validate_ngram,
     validate_runtime,
 )
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Step
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.policies import compose
-from specdec_cli.engine.sampling import SamplerSettings
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import RunStats, Stats
 from specdec_cli.errors import UsageError
@@ -59,47 +57,6 @@ __all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Speculato
 
 Message = Mapping[str, str]
 Prompt = str | Sequence[Message]
-_SAMPLER = SamplerSettings()
-
-
-@dataclass(frozen=True)
-class GenerateOptions:
-    """What one generation may change; the defaults are the CLI's."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = _SAMPLER.temperature
-    top_k: int = _SAMPLER.top_k
-    top_p: float = _SAMPLER.top_p
-    min_p: float = _SAMPLER.min_p
-    seed: int | None = None
-    draft_max: int | None = None  # None: the pair's recommendation, else the drafter's default
-    draft_min: int = 1
-    adaptive: bool = True
-    draft_p_min: float = 0.0
-    drafter: str | None = None  # None: the Speculator's; "none" runs the target alone
-    system: str | None = None
-    chat: bool | None = None  # None: the chat template when the model has one
-
-    def sampler(self) -> SamplerSettings:
-        return SamplerSettings(self.temperature, self.top_k, self.top_p, self.min_p)
-
-    def validate(self) -> GenerateOptions:
-        """Check every value now (the CLI does, before loading any model)."""
-        self.config(self.draft_max if self.draft_max is not None else max(1, self.draft_min))
-        if self.drafter not in (None, *DRAFTERS, NONE):
-            raise UsageError(f"unknown drafter {self.drafter!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
-        return self
-
-    def config(self, draft_max: int) -> GenerationConfig:
-        return GenerationConfig(
-            max_tokens=self.max_tokens,
-            draft_max=draft_max,
-            sampler=self.sampler(),
-            seed=self.seed,
-            adaptive=self.adaptive,
-            draft_min=self.draft_min if self.draft_max is not None else min(self.draft_min, draft_max),
-            draft_p_min=self.draft_p_min,
-        ).validate()
 
 
 @dataclass(frozen=True)
@@ -294,9 +251,7 @@ class Speculator:
 
     # ------------------------------------------------------------ helpers
     def _kind(self, requested: str | None) -> str:
-        kind = requested or self.drafter
-        if kind not in (*DRAFTERS, NONE):
-            raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
+        kind = check_drafter(requested or self.drafter)
         if kind == MODEL and self.draft is None:
             raise UsageError("the model drafter needs a draft model: load one (draft=... or a pair), or use 'ngram'")
         if kind == MODEL and self.draft_broken:
@@ -306,15 +261,10 @@ class Speculator:
     def auto_state(self, k_max: int) -> AutoState:
         """The auto drafter's estimates: calibrated costs to start (calibration.py), then the runs' own."""
         if self._auto is None:
-            from specdec_cli.calibration import calibrate
+            from specdec_cli.calibration import starting_state
 
             draft = self.draft if self.draft is not None and not self.draft_broken else None
-            cal = calibrate(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1)
-            state = AutoState()
-            if cal is not None:
-                state.costs = BatchCosts(cal.relative, cal.target_one)
-                state.draft_token_seconds = cal.draft_one
-            self._auto = state
+            self._auto = starting_state(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1)
         return self._auto
 
     def _default_k(self, kind: str) -> int:
@@ -396,9 +346,7 @@ def load(
     """
     validate_runtime(n_ctx, n_threads)
     validate_ngram(*ngram)
-    kind = NONE if drafter is None else drafter
-    if kind not in (*DRAFTERS, NONE):
-        raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
+    kind = check_drafter(NONE if drafter is None else drafter)
     if target is not None and draft is None and pair is None and runner.is_pair_name(target):
         pair, target = str(target), None
     choice = runner.choose_models(

@@ -18,7 +18,9 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
+from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
 from specdec_cli.packaged import cache_dir
 
@@ -103,3 +105,13 @@ def calibrate(target: Model, draft: Model | None, threads: int | None, max_batch
     except OSError:
         pass  # a read-only cache only costs the next run a calibration
     return cal
+
+
+def starting_state(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> AutoState:
+    """The auto drafter's estimates before a run has measured anything: the calibration's, if any."""
+    state = AutoState()
+    cal = calibrate(target, draft, threads, max_batch)
+    if cal is not None:
+        state.costs = BatchCosts(cal.relative, cal.target_one)
+        state.draft_token_seconds = cal.draft_one
+    return state

@@ -65,8 +65,7 @@ def test_cheap_verification_keeps_a_good_draft_model() -> None:
     draft = FakeModel(V, 512, seed=4, noise=0.1, call_cost=0.05, token_cost=0.001)
     res, stats = run(target, draft, state_for(target, draft))
     assert res.token_ids == greedy_reference(FakeModel(V, 512, seed=4), PROMPT, 80)[0]
-    model_steps = stats.by_drafter["model"][0]
-    assert model_steps > stats.steps * 0.8
+    assert stats.by_drafter["model"][2] >= 0.6 * len(res.token_ids)  # most tokens came from the draft model
     assert stats.accepted / stats.drafted > 0.6
     assert stats.tokens_per_step > 2.5
     assert not any("paused" in n for n in stats.notes)

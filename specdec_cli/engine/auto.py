@@ -25,6 +25,7 @@ every token were accepted is not retried until its measured costs change.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -36,7 +37,8 @@ from specdec_cli.engine.gate import ShadowScore
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried
 RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model
 RESUME_MARGIN = 0.03  # a paused draft model resumes only when predicted to win by this much (no flapping)
-MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verified step
+MODEL_PRIOR = 0.8
+WINDOW_SAMPLES = 15  # timings the draft cost's median is taken over  # acceptance assumed for a draft model before its first verified step
 
 
 @dataclass
@@ -44,10 +46,18 @@ class AutoState:
     """What the auto drafter has learned; a `Speculator` keeps it across generations (a chat goes on learning)."""
 
     costs: BatchCosts = field(default_factory=BatchCosts)
-    ngram: Acceptance = field(default_factory=Acceptance)
+    ngram: ShadowScore = field(default_factory=ShadowScore)  # the n-gram lookup's acceptance, by regime
     model: Acceptance = field(default_factory=lambda: Acceptance(prior=MODEL_PRIOR))
-    draft_token_seconds: float | None = None  # the draft model's cost per drafted token
+    draft_token_seconds: float | None = None  # the draft model's cost per drafted token (median of recent)
     draft_batch_token_seconds: float | None = None  # ... per token of a catch-up batch
+    _draft_samples: list[float] = field(default_factory=list)
+
+    def observe_draft(self, seconds_per_token: float) -> None:
+        """A median of recent timings, not an average: one slow decode must not pause a good draft."""
+        xs = self._draft_samples
+        xs.append(seconds_per_token)
+        del xs[: max(0, len(xs) - WINDOW_SAMPLES)]
+        self.draft_token_seconds = statistics.median(xs)
     paused: bool = False
     budget: float = 0.0  # seconds of retry cost the generation time so far allows
     steps: int = 0
@@ -78,9 +88,10 @@ class AutoDrafter:
         self.k_max = k_max
         self.model_k_max = min(k_max, model_k_max or k_max)  # a pair's draft_max caps model drafts only
         self.state = state
-        self.shadow = ShadowScore(state.ngram)
+        self.shadow = state.ngram
         self._choice = ""
         self._note: str | None = None
+        self._model_at = 0
 
     def decode_seconds(self) -> float:
         return self._loaded.decode_seconds() if self._loaded else 0.0  # a dropped model's time still counts
@@ -88,7 +99,9 @@ class AutoDrafter:
     # ---------------------------------------------------------- lifecycle
     def begin(self, prompt: Sequence[int]) -> None:
         self.ngram.begin(prompt)
+        self.shadow.clear()
         self._note = None
+        self._model_at = 0  # context tokens the draft model's cache holds (at most)
         if self.model is None:
             return
         if not self._model_could_pay():
@@ -97,6 +110,7 @@ class AutoDrafter:
                 self._note = self._pause_reason(self.model_k_max)
         elif not self.state.paused:
             self.model.begin(prompt)
+            self._model_at = len(prompt) - 1
 
     def propose(self, req: DraftRequest) -> Proposal:
         s = self.state
@@ -104,7 +118,7 @@ class AutoDrafter:
         note, self._note = self._note, None
         ng = self.ngram.propose(req)
         self.shadow.propose(len(req.context), ng.tokens)
-        j, v_ng = best_length(s.ngram, s.costs, len(ng.tokens))
+        j, v_ng = best_length(self.shadow.acceptance, s.costs, len(ng.tokens))
         choice, value = "plain", 1.0
         if j and v_ng > value:
             choice, value = NGRAM, v_ng
@@ -117,7 +131,7 @@ class AutoDrafter:
                 s.paused, s.budget, note = True, 0.0, self._pause_reason(req.k)
             if pays and v_m > value:
                 choice, value = MODEL, v_m
-            elif s.paused and choice == "plain" and self._retry_due(min(req.k, self.model_k_max)):
+            elif s.paused and choice == "plain" and self._retry_due(min(req.k, self.model_k_max), len(req.context)):
                 k_m = max(1, k_m)
                 choice, value = MODEL, self._model_speedup(k_m)
                 note = "retrying the paused draft model"
@@ -168,20 +182,25 @@ class AutoDrafter:
         best = max(self._model_speedup(j) for j in range(1, k + 1))
         return f"draft costs {cd:.2f} target tokens, acceptance {s.model.rate(0):.0%} → {best:.2f}x at best: paused"
 
-    def _retry_cost(self, k: int) -> float:
-        """Seconds a retry is expected to cost: the catch-up batch and the step's loss against a plain decode."""
+    def _retry_cost(self, k: int, context_len: int) -> float:
+        """Seconds a retry is expected to cost: catching the draft's cache up (one batch of at
+        most WINDOW tokens) and the step's loss against a plain decode."""
         s = self.state
         one = s.costs.one or 0.0
-        per = s.draft_batch_token_seconds or s.draft_token_seconds or one
+        behind = max(1, min(WINDOW, context_len - self._model_at))
+        if s.draft_batch_token_seconds is not None:
+            catch_up = s.draft_batch_token_seconds * behind
+        else:  # not measured yet: a batch scales as the target's batches do on this machine
+            catch_up = (s.draft_token_seconds or one) * s.costs.relative(behind)
         cd = s.draft_cost() or 1.0
         loss = max(0.0, (k * cd + s.costs.relative(k + 1)) - s.model.expected(k)) * one
-        return WINDOW * per + loss
+        return catch_up + loss
 
-    def _retry_due(self, k: int) -> bool:
+    def _retry_due(self, k: int, context_len: int) -> bool:
         if not self._model_could_pay():
             return False
         s = self.state
-        cost = self._retry_cost(min(k, 2))
+        cost = self._retry_cost(min(k, 2), context_len)
         if s.budget >= cost:
             s.budget -= cost
             return True
@@ -197,13 +216,14 @@ class AutoDrafter:
             self.model = None  # corrupt draft: the n-gram lookup goes on alone
             raise DraftUnusable(str(exc), fallback=self) from None
         t = self.model.decode_seconds() - t0
+        self._model_at = len(req.context)
         n_caught, t_caught = self.model.last_catch_up
         calls = len(proposal.tokens)  # a step is one catch-up call (1-2 tokens) and one call per further token
         if n_caught > 2:  # a catch-up batch after a pause: its cost per token is not drafting's
             s.draft_batch_token_seconds = _ema(s.draft_batch_token_seconds, t_caught / n_caught)
             t, calls = t - t_caught, calls - 1
         if calls > 0:
-            s.draft_token_seconds = _ema(s.draft_token_seconds, t / calls)
+            s.observe_draft(t / calls)
         return proposal
 
 

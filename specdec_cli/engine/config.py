@@ -101,3 +101,52 @@ def validate_runtime(n_ctx: int, n_threads: int | None) -> None:
         raise UsageError(f"--ctx-size must be >= 8, got {n_ctx}")
     if n_threads is not None and n_threads < 1:
         raise UsageError(f"--threads must be >= 1, got {n_threads}")
+
+
+_S = SamplerSettings()
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What one generation may change; the defaults are the CLI's."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = _S.temperature
+    top_k: int = _S.top_k
+    top_p: float = _S.top_p
+    min_p: float = _S.min_p
+    seed: int | None = None
+    draft_max: int | None = None  # None: the pair's recommendation, else the drafter's default
+    draft_min: int = 1
+    adaptive: bool = True
+    draft_p_min: float = 0.0
+    drafter: str | None = None  # None: the Speculator's; "none" runs the target alone
+    system: str | None = None
+    chat: bool | None = None  # None: the chat template when the model has one
+
+    def sampler(self) -> SamplerSettings:
+        return SamplerSettings(self.temperature, self.top_k, self.top_p, self.min_p)
+
+    def validate(self) -> GenerateOptions:
+        """Check every value now (the CLI does, before loading any model)."""
+        self.config(self.draft_max if self.draft_max is not None else max(1, self.draft_min))
+        if self.drafter is not None:
+            check_drafter(self.drafter)
+        return self
+
+    def config(self, draft_max: int) -> GenerationConfig:
+        return GenerationConfig(
+            max_tokens=self.max_tokens,
+            draft_max=draft_max,
+            sampler=self.sampler(),
+            seed=self.seed,
+            adaptive=self.adaptive,
+            draft_min=self.draft_min if self.draft_max is not None else min(self.draft_min, draft_max),
+            draft_p_min=self.draft_p_min,
+        ).validate()
+
+
+def check_drafter(kind: str) -> str:
+    if kind not in (*DRAFTERS, NONE):
+        raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
+    return kind

@@ -210,9 +210,14 @@ class NgramDrafter:
             toks.append(tok)
 
     def sync(self, context: Sequence[int]) -> None:
-        """Make the index cover exactly `context` (extend it when the context only grew)."""
-        m = len(self._tokens)
-        if not (len(context) >= m and list(context[:m]) == self._tokens):
+        """Make the index cover exactly `context` (extend it when the context only grew).
+
+        Within a generation the context only grows, so checking its first and last
+        indexed tokens (not all of them: this runs every step) tells growth from a new text.
+        """
+        toks = self._tokens
+        m = len(toks)
+        if m and not (len(context) >= m and context[m - 1] == toks[-1] and context[0] == toks[0]):
             self._reset()
             m = 0
         self._extend(context[m:])

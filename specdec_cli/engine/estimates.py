@@ -24,8 +24,9 @@ PRIOR_MARGINAL = 0.3  # assumed cost of each extra token in a batch, before any 
 class Acceptance:
     """Conditional acceptance by position: P(position i accepted | every earlier one was).
 
-    Estimates are smoothed towards `prior` with weight `weight` (in observations)
-    and older observations decay, so a drafter that stops matching the text is
+    Estimates are smoothed with weight `weight` (in observations), position 0
+    towards `prior` and each later position towards the one before it, and older
+    observations decay, so a drafter that stops matching the text is
     noticed within a few dozen steps.
     """
 
@@ -36,21 +37,36 @@ class Acceptance:
         self.n = 0  # observations, undecayed
 
     def rate(self, i: int) -> float:
-        t = self.tries[i] if i < len(self.tries) else 0.0
-        h = self.hits[i] if i < len(self.hits) else 0.0
-        return (h + self.prior * self.weight) / (t + self.weight)
+        return self._rates(i + 1)[i]
+
+    def _rates(self, n: int) -> list[float]:
+        """Rates for positions 0..n-1. Each position is smoothed towards the one before it
+        (position 0 towards `prior`): a position rarely reached because K stayed short is
+        assumed to behave like the last one measured, so K can grow when drafts are good."""
+        out, prior = [], self.prior
+        for i in range(n):
+            t = self.tries[i] if i < len(self.tries) else 0.0
+            h = self.hits[i] if i < len(self.hits) else 0.0
+            prior = (h + prior * self.weight) / (t + self.weight)
+            out.append(prior)
+        return out
 
     def p_run(self, n: int) -> list[float]:
         """P(the first i tokens are accepted), i = 1..n."""
         out, p = [], 1.0
-        for i in range(n):
-            p *= self.rate(i)
+        for r in self._rates(n):
+            p *= r
             out.append(p)
         return out
 
     def expected(self, k: int) -> float:
         """E(k): tokens a step that verifies k drafted tokens emits, on average."""
         return 1.0 + sum(self.p_run(k))
+
+    def forget(self, keep: float) -> None:
+        """Weigh everything seen so far by `keep` (a new text: its own evidence should dominate soon)."""
+        self.tries = [t * keep for t in self.tries]
+        self.hits = [h * keep for h in self.hits]
 
     def observe(self, n_proposed: int, n_accepted: int) -> None:
         """A proposal of n tokens whose first n_accepted were right (positions past the first miss were not reached)."""
@@ -77,9 +93,11 @@ class BatchCosts:
     must not make batches look cheap. That was the n-gram gate's open-ended
     loss: an inflated one-token time made verification look nearly free, the
     gate then verified every step, so no plain decode ever corrected the figure.
-    A size is trusted after `MIN_SAMPLES` timings; before that the calibration
-    (`prior`, relative costs) stands, else the marginal cost of the sizes known,
-    else `PRIOR_MARGINAL`. Costs never fall as the batch grows.
+    A size is trusted after `MIN_SAMPLES` timings. Sizes not measured yet follow
+    the calibration (`prior`, relative costs) scaled by how the measured sizes
+    compare with it (a calibration taken on a busier or quieter machine only
+    gives the shape), else the mean marginal cost of the sizes known, else
+    `PRIOR_MARGINAL`. Costs never fall as the batch grows.
     """
 
     WINDOW = 15
@@ -91,6 +109,7 @@ class BatchCosts:
         self.samples: dict[int, list[float]] = {}
         self._medians: dict[int, float] = {}
         self._relative: dict[int, float] = {}  # cleared by every observation
+        self._span = 9  # sizes the table covers when rebuilt
 
     def observe(self, batch: int, seconds: float) -> None:
         xs = self.samples.setdefault(batch, [])
@@ -110,32 +129,30 @@ class BatchCosts:
         measured = self._measured(1)
         return measured if measured is not None else self.prior_one
 
-    def _raw(self, b: int, one: float | None) -> float | None:
-        m = self._measured(b)
-        if m is not None and one:
-            return m / one
-        return self.prior.get(b)
-
     def relative(self, b: int) -> float:
         if b <= 1:
             return 1.0
-        cached = self._relative.get(b)
-        if cached is None:
-            cached = self._relative[b] = self._compute(b)
-        return cached
+        table = self._relative
+        if b not in table:
+            self._span = max(self._span, b)
+            self._build(self._span)
+        return table[b]
 
-    def _compute(self, b: int) -> float:
+    def _build(self, n: int) -> None:
+        """c_v(2..n) in one pass: measured where the run has measured; elsewhere the calibration's
+        shape scaled by how the run's measurements compare with it, else the mean marginal cost."""
         one = self.one
-        known = {s: c for s in range(2, b + 1) if (c := self._raw(s, one)) is not None}
-        if b in known:
-            value = known[b]
-        else:
-            sizes = set(self.prior) | set(self.samples)
-            slopes = [(c - 1.0) / (s - 1) for s in sizes if s > 1 and (c := self._raw(s, one)) is not None]
-            marginal = sum(slopes) / len(slopes) if slopes else PRIOR_MARGINAL
-            value = 1.0 + max(marginal, 0.0) * (b - 1)
-        # Monotone: a bigger batch costs at least what a smaller one does.
-        return max([1.0, value, *known.values()])
+        measured = {s: m / one for s in range(2, n + 1) if one and (m := self._measured(s)) is not None}
+        ratios = [(c - 1.0) / (self.prior[s] - 1.0) for s, c in measured.items() if self.prior.get(s, 1.0) > 1.0]
+        scale = statistics.median(ratios) if ratios else 1.0
+        known = {s: 1.0 + (c - 1.0) * scale for s, c in self.prior.items() if 2 <= s <= n}
+        known.update(measured)
+        slopes = [(c - 1.0) / (s - 1) for s, c in known.items()]
+        marginal = max(sum(slopes) / len(slopes), 0.0) if slopes else PRIOR_MARGINAL
+        floor = 1.0  # monotone: a bigger batch costs at least what a smaller one does
+        for s in range(2, n + 1):
+            floor = max(floor, known.get(s, 1.0 + marginal * (s - 1)))
+            self._relative[s] = floor
 
 
 def step_speedup(expected: float, k: int, draft_cost: float, costs: BatchCosts) -> float:
@@ -143,16 +160,24 @@ def step_speedup(expected: float, k: int, draft_cost: float, costs: BatchCosts) 
     return expected / (k * draft_cost + costs.relative(k + 1))
 
 
-def best_length(acc: Acceptance, costs: BatchCosts, k_max: int, draft_cost: float = 0.0) -> tuple[int, float]:
-    """(K, predicted speedup over a plain decode) maximising E(K) / (K c_d + c_v(K+1)); K = 0 is a plain decode."""
-    best_k, best = 0, 1.0
+# Drafting must be predicted to beat a plain decode by this much: the estimates are noisy,
+# and a wrong "it pays" costs a verification batch while a wrong "it does not" costs little.
+MIN_GAIN = 1.05
+
+
+def best_length(
+    acc: Acceptance, costs: BatchCosts, k_max: int, draft_cost: float = 0.0, min_gain: float = MIN_GAIN
+) -> tuple[int, float]:
+    """(K, predicted speedup over a plain decode) maximising E(K) / (K c_d + c_v(K+1)); K = 0, a plain
+    decode (1.0), unless some K is predicted to beat it by `min_gain`."""
+    best_k, best = 0, min_gain
     expected = 1.0
     for k, p in enumerate(acc.p_run(k_max), start=1):
         expected += p
         value = step_speedup(expected, k, draft_cost, costs)
         if value > best:
             best_k, best = k, value
-    return best_k, best
+    return (best_k, best) if best_k else (0, 1.0)
 
 
 def perfect_speedup(costs: BatchCosts, k_max: int, draft_cost: float = 0.0) -> tuple[int, float]:

@@ -25,46 +25,77 @@ when nothing beats it. The choice depends only on the past, so the output
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, best_length
 
 
 class ShadowScore:
-    """Scores a free drafter's proposals against the tokens the target produced, verified or not."""
+    """Scores a free drafter's proposals against the tokens the target produced, verified or not.
 
-    def __init__(self, acceptance: Acceptance) -> None:
-        self.acceptance = acceptance
-        self._pending: tuple[int, list[int]] | None = None  # (context length, proposal)
+    Every step's proposal is queued and scored once decided (its first wrong token,
+    or all of it, known), so unverified proposals teach as fast as verified ones.
+    Acceptance is kept in two tables, by regime: whether the latest proposal's
+    first token turned out right. Copying is bimodal (inside a repeated passage
+    every proposal is right, outside nearly none is); one table would average the
+    two and verify neither well.
+    """
+
+    MAX_PENDING = 16
+
+    def __init__(self) -> None:
+        self.tables = {True: Acceptance(), False: Acceptance()}
+        self.last_ok = False
+        self._pending: deque[tuple[int, list[int], bool]] = deque()  # (context length, proposal, regime)
+
+    @property
+    def acceptance(self) -> Acceptance:
+        """The table for the regime the next proposal is in."""
+        return self.tables[self.last_ok]
+
+    def clear(self) -> None:
+        """A new text begins: pending proposals go, and what was learned on earlier texts
+        counts for a quarter (how well copying works depends on the text)."""
+        self._pending.clear()
+        self.last_ok = False
+        for table in self.tables.values():
+            table.forget(0.25)
 
     def propose(self, context_len: int, proposal: Sequence[int]) -> None:
-        """Remember a proposal to score once its tokens are known (one at a time)."""
-        if self._pending is None and proposal:
-            self._pending = (context_len, list(proposal))
+        if proposal:
+            if len(self._pending) >= self.MAX_PENDING:
+                self._pending.popleft()
+            self._pending.append((context_len, list(proposal), self.last_ok))
 
     def score(self, context: Sequence[int]) -> None:
-        """Score the pending proposal against what the target produced, once decided."""
-        if self._pending is None:
-            return
-        pos, prop = self._pending
-        actual = context[pos : pos + len(prop)]
-        run = 0
-        while run < len(actual) and actual[run] == prop[run]:
-            run += 1
-        if run == len(actual) and len(actual) < len(prop):
-            return  # all right so far, not all known yet
-        self._pending = None
-        self.acceptance.observe(len(prop), run)
+        """Score every pending proposal that is decided; the newest decided first token sets the regime."""
+        keep: deque[tuple[int, list[int], bool]] = deque()
+        for pos, prop, regime in self._pending:
+            actual = context[pos : pos + len(prop)]
+            if actual:
+                self.last_ok = actual[0] == prop[0]
+            run = 0
+            while run < len(actual) and actual[run] == prop[run]:
+                run += 1
+            if run == len(actual) and len(actual) < len(prop):
+                keep.append((pos, prop, regime))  # all right so far, not all known yet
+            else:
+                self.tables[regime].observe(len(prop), run)
+        self._pending = keep
 
 
 class CostGate:
     def __init__(self, costs: BatchCosts | None = None) -> None:
-        self.acceptance = Acceptance()
-        self.shadow = ShadowScore(self.acceptance)
+        self.shadow = ShadowScore()
         self.costs = costs or BatchCosts()
 
+    @property
+    def acceptance(self) -> Acceptance:
+        return self.shadow.acceptance
+
     def choose(self, n_proposed: int) -> int:
-        return best_length(self.acceptance, self.costs, n_proposed)[0]
+        return best_length(self.shadow.acceptance, self.costs, n_proposed)[0]
 
     def observe_cost(self, batch: int, seconds: float) -> None:
         self.costs.observe(batch, seconds)
