@@ -135,3 +135,44 @@ def test_make_renderer_honours_no_color(monkeypatch) -> None:  # type: ignore[no
     assert isinstance(render.make_renderer(False, Tty(), Tty()), render.LiveRenderer)
     assert isinstance(render.make_renderer(False, io.StringIO(), Tty()), render.PlainRenderer)
     assert isinstance(render.make_renderer(True, Tty(), Tty()), render.JsonRenderer)
+
+
+def test_auto_choices_are_said_and_coloured_by_drafter() -> None:
+    """An n-gram step, a plain step with a pause note, then a model step: the summary counts each choice,
+    notes come after the text (stdout and stderr often share a terminal), colours follow the legend."""
+    steps = [
+        Step(0, 2, (10, 11), 2, (EmittedToken(10, "a", DRAFT), EmittedToken(11, "b", DRAFT),
+             EmittedToken(12, "c", TARGET)), 0.0, 0.02, 0.0, 0.0, drafter="ngram", predicted_speedup=1.4),
+        Step(1, 0, (), 0, (EmittedToken(13, "d", TARGET),), 0.0, 0.01, 0.0, 0.0, predicted_speedup=1.0,
+             note="draft costs 0.90 target tokens: paused"),
+        Step(2, 1, (14,), 1, (EmittedToken(14, "e", DRAFT), EmittedToken(15, "f", TARGET)), 0.01, 0.02, 0.0, 0.0,
+             stop="eos", drafter="model", predicted_speedup=1.2),
+    ]  # fmt: skip
+    stats = Stats.of(steps)
+    assert stats.drafter_table() == {
+        "model": {"steps": 1, "drafted": 1, "accepted": 1},
+        "ngram": {"steps": 1, "drafted": 2, "accepted": 2},
+        "plain": {"steps": 1, "drafted": 0, "accepted": 0},
+    }
+    g = Generation("abcdef", [10, 11, 12, 13, 14, 15], "eos", 3, stats.summary(1.0), {}, {})
+    assert g.stats.predicted_speedup is not None and abs(g.stats.predicted_speedup - 1.2) < 1e-9  # (1.4+1+1.2)/3
+    assert g.stats.notes == ("draft costs 0.90 target tokens: paused",)
+
+    out, err = io.StringIO(), io.StringIO()
+    plain = render.PlainRenderer(out, err)
+    for s in steps:
+        plain.event(s, stats)
+    plain.finish(g, stats)
+    lines = err.getvalue().splitlines()
+    assert "auto chose: model 1, ngram 1, plain 1 steps; predicted 1.20x the target alone; last step: model at 1.20x" in lines
+    assert lines[-1] == "auto: draft costs 0.90 target tokens: paused"
+
+    out = io.StringIO()
+    live = render.LiveRenderer(console(out), console(io.StringIO()), live_panel=False)
+    for s in steps:
+        live.event(s, stats)
+    live.abort()
+    segs = re.findall(r"\x1b\[([0-9;]*)m([^\x1b]+)", out.getvalue())
+    cyan = "".join(t for style, t in segs if style == "1;36")
+    green = "".join(t for style, t in segs if style == "1;32")
+    assert (cyan, green) == ("ab", "e")  # n-gram tokens cyan, draft-model tokens green, the rest plain

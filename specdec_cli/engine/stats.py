@@ -88,6 +88,7 @@ class Stats:
     plain_steps: int = 0  # steps that verified nothing (a plain one-token decode)
     predicted: list[float] = field(default_factory=list)  # the auto drafter's prediction per step
     notes: list[str] = field(default_factory=list)
+    last_choice: str | None = None  # the drafter the latest step verified (None: a plain decode)
 
     @staticmethod
     def of(events: Iterable[Prefill | Step | DrafterDropped]) -> Stats:
@@ -118,6 +119,7 @@ class Stats:
             self.plain_steps += 1
         if step.predicted_speedup is not None:
             self.predicted.append(step.predicted_speedup)
+            self.last_choice = step.drafter
         if step.note:
             self.notes.append(step.note)
         for tok in step.emitted:

@@ -63,7 +63,8 @@ def choices(stats: Stats) -> Text | None:
         return None
     parts = [f"{name} {row[0]}" for name, row in sorted(stats.by_drafter.items())] + [f"plain {stats.plain_steps}"]
     mean = sum(stats.predicted) / len(stats.predicted)
-    return Text(f"auto chose: {', '.join(parts)} steps; predicted {mean:.2f}x the target alone")
+    last = f"; last step: {stats.last_choice or 'plain'} at {stats.predicted[-1]:.2f}x"
+    return Text(f"auto chose: {', '.join(parts)} steps; predicted {mean:.2f}x the target alone{last}")
 
 
 def stats_table(stats: Stats, *, tokens_per_second: float, title: str = "speculation") -> Table:
