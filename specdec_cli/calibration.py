@@ -6,7 +6,7 @@ runs, and its own measurements win; but its first decisions need a starting
 point, and a draft model that cannot pay should not be loaded into a cache and
 tried first. So the first time a target (and draft) file is used on this
 machine with this many threads, `calibrate` times single decodes and batches
-of 2..k_max+1 (about a second for the packaged models) and keeps the result in
+of 2..k_max+1 (2-3 seconds for the packaged models) and keeps the result in
 the cache directory (`calibration.json`). `SPECDEC_CALIBRATE=0` turns it off.
 """
 
