@@ -25,20 +25,25 @@ every token were accepted is not retried until its measured costs change.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specdec_cli.engine.config import AUTO, MODEL, NGRAM
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, ModelDrafter, NgramDrafter, Outcome, Proposal
-from specdec_cli.engine.estimates import EMA, Acceptance, BatchCosts, best_length, perfect_speedup, step_speedup
+from specdec_cli.engine.estimates import (
+    Acceptance,
+    BatchCosts,
+    RecentMedian,
+    best_length,
+    perfect_speedup,
+    step_speedup,
+)
 from specdec_cli.engine.gate import ShadowScore
 
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried
 RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model
 RESUME_MARGIN = 0.03  # a paused draft model resumes only when predicted to win by this much (no flapping)
-MODEL_PRIOR = 0.8
-WINDOW_SAMPLES = 15  # timings the draft cost's median is taken over  # acceptance assumed for a draft model before its first verified step
+MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verified step
 
 
 @dataclass
@@ -48,19 +53,14 @@ class AutoState:
     costs: BatchCosts = field(default_factory=BatchCosts)
     ngram: ShadowScore = field(default_factory=ShadowScore)  # the n-gram lookup's acceptance, by regime
     model: Acceptance = field(default_factory=lambda: Acceptance(prior=MODEL_PRIOR))
-    draft_token_seconds: float | None = None  # the draft model's cost per drafted token (median of recent)
-    draft_batch_token_seconds: float | None = None  # ... per token of a catch-up batch
-    _draft_samples: list[float] = field(default_factory=list)
-
-    def observe_draft(self, seconds_per_token: float) -> None:
-        """A median of recent timings, not an average: one slow decode must not pause a good draft."""
-        xs = self._draft_samples
-        xs.append(seconds_per_token)
-        del xs[: max(0, len(xs) - WINDOW_SAMPLES)]
-        self.draft_token_seconds = statistics.median(xs)
+    # The draft model's cost per drafted token, and per token of a catch-up batch: medians of
+    # recent timings (one slow decode must not pause a good draft); calibration sets the first.
+    draft_token_seconds: float | None = None
+    draft_batch_token_seconds: float | None = None
     paused: bool = False
     budget: float = 0.0  # seconds of retry cost the generation time so far allows
-    steps: int = 0
+    draft_samples: RecentMedian = field(default_factory=RecentMedian)
+    batch_samples: RecentMedian = field(default_factory=RecentMedian)
 
     def draft_cost(self) -> float | None:
         """c_d: the draft's cost per token in single-token target decodes."""
@@ -114,7 +114,6 @@ class AutoDrafter:
 
     def propose(self, req: DraftRequest) -> Proposal:
         s = self.state
-        s.steps += 1
         note, self._note = self._note, None
         ng = self.ngram.propose(req)
         self.shadow.propose(len(req.context), ng.tokens)
@@ -128,7 +127,7 @@ class AutoDrafter:
             if pays and s.paused:
                 s.paused, note = False, f"draft model resumed: {v_m:.2f}x predicted"
             elif not pays and not s.paused:
-                s.paused, s.budget, note = True, 0.0, self._pause_reason(req.k)
+                s.paused, s.budget, note = True, 0.0, self._pause_reason(min(req.k, self.model_k_max))
             if pays and v_m > value:
                 choice, value = MODEL, v_m
             elif s.paused and choice == "plain" and self._retry_due(min(req.k, self.model_k_max), len(req.context)):
@@ -220,12 +219,9 @@ class AutoDrafter:
         n_caught, t_caught = self.model.last_catch_up
         calls = len(proposal.tokens)  # a step is one catch-up call (1-2 tokens) and one call per further token
         if n_caught > 2:  # a catch-up batch after a pause: its cost per token is not drafting's
-            s.draft_batch_token_seconds = _ema(s.draft_batch_token_seconds, t_caught / n_caught)
+            s.draft_batch_token_seconds = s.batch_samples.add(t_caught / n_caught)
             t, calls = t - t_caught, calls - 1
         if calls > 0:
-            s.observe_draft(t / calls)
+            s.draft_token_seconds = s.draft_samples.add(t / calls)
         return proposal
 
-
-def _ema(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EMA) * old + EMA * new

@@ -14,10 +14,10 @@ past, so greedy output and the sampled distribution stay the target's.
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from collections.abc import Mapping
 
 DECAY = 0.97  # weight of older observations, per observation
-EMA = 0.2
 PRIOR_MARGINAL = 0.3  # assumed cost of each extra token in a batch, before any is measured or calibrated
 
 
@@ -85,6 +85,20 @@ class Acceptance:
         self.n += 1
 
 
+class RecentMedian:
+    """The median of the last `window` values: one slow outlier moves it little, unlike a moving average."""
+
+    def __init__(self, window: int = 15) -> None:
+        self.values: deque[float] = deque(maxlen=window)
+
+    def add(self, x: float) -> float:
+        self.values.append(x)
+        return statistics.median(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
 class BatchCosts:
     """c_v(b): seconds to decode a batch of b tokens (logits at every row) over seconds for one.
 
@@ -106,18 +120,16 @@ class BatchCosts:
     def __init__(self, prior: Mapping[int, float] | None = None, prior_one: float | None = None) -> None:
         self.prior = dict(prior or {})
         self.prior_one = prior_one
-        self.samples: dict[int, list[float]] = {}
+        self.samples: dict[int, RecentMedian] = {}
         self._medians: dict[int, float] = {}
         self._relative: dict[int, float] = {}  # cleared by every observation
         self._span = 9  # sizes the table covers when rebuilt
 
     def observe(self, batch: int, seconds: float) -> None:
-        xs = self.samples.setdefault(batch, [])
-        xs.append(seconds)
-        if len(xs) > self.WINDOW:
-            del xs[0]
+        xs = self.samples.setdefault(batch, RecentMedian(self.WINDOW))
+        median = xs.add(seconds)
         if len(xs) >= self.MIN_SAMPLES:
-            self._medians[batch] = statistics.median(xs)
+            self._medians[batch] = median
         self._relative.clear()
 
     def _measured(self, b: int) -> float | None:
