@@ -60,7 +60,9 @@ def choose_models(
         if not target:
             raise UsageError("--draft needs --target (the model whose output you want)")
         if drafter == MODEL and not draft and not no_draft:
-            raise UsageError("--target needs --draft DRAFT, --drafter ngram, or --no-draft to run it alone")
+            raise UsageError(
+                "--drafter model needs --draft DRAFT; without one use --drafter auto or ngram, or --no-draft"
+            )
         d = check_gguf_file(draft) if draft else None
         return ModelChoice(check_gguf_file(target), d, None, None)
     reg = registry.load()

@@ -78,7 +78,8 @@ def parse_configs(text: str, model_k: int, ngram_k: int) -> list[BenchConfig]:
         elif arg.isdigit() and int(arg) >= 1:
             out.append(BenchConfig(name, kind, int(arg), False))
         else:
-            raise BenchInputError(f"in configuration {name!r}: K must be a whole number >= 1 or auto")
+            also = "" if kind == AUTO else " or auto"
+            raise BenchInputError(f"in configuration {name!r}: K must be a whole number >= 1{also}")
     if not out:
         raise BenchInputError("--configs names no configuration")
     if len({c.name for c in out}) != len(out):
