@@ -42,7 +42,6 @@ from specdec_cli.engine.gate import ShadowScore
 
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried
 RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model
-RESUME_MARGIN = 0.03  # a paused draft model resumes only when predicted to win by this much (no flapping)
 MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verified step
 
 
@@ -123,7 +122,7 @@ class AutoDrafter:
             choice, value = NGRAM, v_ng
         if self.model is not None:
             k_m, v_m = self._model_value(min(req.k, self.model_k_max))
-            pays = k_m > 0 and v_m > (1.0 + RESUME_MARGIN if s.paused else 1.0)
+            pays = k_m > 0  # best_length only picks a K predicted to beat a plain decode by MIN_GAIN
             if pays and s.paused:
                 s.paused, note = False, f"draft model resumed: {v_m:.2f}x predicted"
             elif not pays and not s.paused:
