@@ -21,7 +21,7 @@ from pathlib import Path
 from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
 from specdec_cli.engine.estimates import BatchCosts
-from specdec_cli.engine.model import Model
+from specdec_cli.engine.model import Model, usable_cores
 from specdec_cli.packaged import cache_dir
 
 VERSION = 1
@@ -51,7 +51,7 @@ def _file_key(path: Path) -> str:
 
 
 def _key(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> str:
-    parts = [f"v{VERSION}", _cpu(), f"threads={threads or os.cpu_count()}", f"b={max_batch}", _file_key(target.path)]
+    parts = [f"v{VERSION}", _cpu(), f"threads={threads or usable_cores()}", f"b={max_batch}", _file_key(target.path)]
     if draft is not None:
         parts.append(_file_key(draft.path))
     return "|".join(parts)

@@ -6,6 +6,9 @@ stderr and exit code 1; nothing below the CLI prints or exits.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 class SpecdecError(Exception):
     """A problem the user can act on; its message is shown as is."""
@@ -44,3 +47,13 @@ class UnsupportedModelError(SpecdecError):
 
 class ModelOutputError(SpecdecError):
     """A model produced logits that are not finite numbers (corrupt weights)."""
+
+
+def env_directory(variable: str, default: str | os.PathLike[str]) -> Path:
+    """A directory named by an environment variable (or the default), refused if it is a file."""
+    raw = os.environ.get(variable)
+    path = Path(raw).expanduser() if raw else Path(default)
+    if path.exists() and not path.is_dir():
+        where = f"{variable}={raw}" if raw else str(path)
+        raise ConfigError(f"{where} is not a directory: point {variable} at a directory (or unset it)")
+    return path

@@ -73,6 +73,10 @@ class GGUFSummary:
         return self.n_layers * n_ctx * self.n_kv_heads * (self.key_length + self.value_length) * 2
 
 
+def human_gb(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
+
+
 def available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), else free physical pages; None if unknown."""
     try:

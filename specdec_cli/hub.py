@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from platformdirs import user_data_dir
 
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import SpecdecError, env_directory
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 PARTIAL_SUFFIX = ".specdec-partial"
@@ -68,7 +68,7 @@ class HubFile:
 
 def models_dir() -> Path:
     """A plain folder for files fetched by hand (SPECDEC_MODELS_DIR overrides)."""
-    return Path(os.environ.get("SPECDEC_MODELS_DIR") or Path(user_data_dir("specdec")) / "models")
+    return env_directory("SPECDEC_MODELS_DIR", Path(user_data_dir("specdec")) / "models")
 
 
 def endpoint() -> str:

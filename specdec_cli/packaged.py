@@ -17,7 +17,7 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir
 
-from specdec_cli.errors import ModelFileError
+from specdec_cli.errors import ModelFileError, env_directory
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SETUP_HINT = "run the README's set-up command (scripts/setup.sh), which installs it"
@@ -25,7 +25,7 @@ SETUP_HINT = "run the README's set-up command (scripts/setup.sh), which installs
 
 def cache_dir() -> Path:
     """Where specdec keeps what it builds (derived drafts); SPECDEC_CACHE_DIR overrides."""
-    return Path(os.environ.get("SPECDEC_CACHE_DIR") or user_cache_dir("specdec"))
+    return env_directory("SPECDEC_CACHE_DIR", user_cache_dir("specdec"))
 
 
 def smollm2_path() -> Path:

@@ -8,7 +8,6 @@ and the field, so a typo is one edit away from fixed.
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -18,12 +17,14 @@ from typing import Any
 from platformdirs import user_config_dir
 
 from specdec_cli import hub
-from specdec_cli.errors import ConfigError, ModelFileError
+from specdec_cli.engine.config import MAX_DRAFT
+from specdec_cli.errors import ConfigError, ModelFileError, env_directory
 
 SOURCE_KEYS = ("packaged", "repo", "path")
 SOURCE_FIELDS = {"packaged", "requantize", "repo", "file", "revision", "path", "sha256", "size_gb", "unverified"}
 PAIR_FIELDS = {"description", "target", "draft", "draft_max", "notes"}
 REQUIRED = ("description", "target", "draft")
+MAX_SIZE_GB = 10_000.0
 
 
 def bundled_models_toml() -> Path:
@@ -37,7 +38,7 @@ def bundled_models_toml() -> Path:
 
 def user_models_toml() -> Path:
     """The user's override file (SPECDEC_CONFIG_DIR overrides the platform's config directory)."""
-    return Path(os.environ.get("SPECDEC_CONFIG_DIR") or user_config_dir("specdec")) / "models.toml"
+    return env_directory("SPECDEC_CONFIG_DIR", user_config_dir("specdec")) / "models.toml"
 
 
 @dataclass(frozen=True)
@@ -149,12 +150,26 @@ def _source(data: Any, pair: str, role: str, origin: Path, lines: _Lines) -> Sou
         raise ConfigError(f"{at}: {where} is missing the field 'file' (the .gguf inside {data['repo']})")
     for key, value in data.items():
         if key == "size_gb":
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{at}: {where}.size_gb must be a positive number (gigabytes)")
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= MAX_SIZE_GB
+            if not ok:  # written so that nan and inf fail it
+                raise ConfigError(f"{at}: {where}.size_gb must be a number of gigabytes in (0, {MAX_SIZE_GB}]")
         elif not isinstance(value, str) or not value:
             raise ConfigError(f"{at}: {where}.{key} must be a non-empty string")
-    if "repo" in data and data["repo"].count("/") != 1:
-        raise ConfigError(f"{at}: {where}.repo must look like 'owner/name', not {data['repo']!r}")
+        elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(f"{at}: {where}.{key} contains control characters")
+    if "repo" in data:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(data["repo"])
+            if data["repo"].count("/") != 1:
+                raise HFValidationError("needs exactly one '/'")
+        except HFValidationError:
+            raise ConfigError(
+                f"{at}: {where}.repo must look like 'owner/name' (letters, digits, '-', '_', '.'), not {data['repo']!r}"
+            ) from None
+    if "file" in data:
+        check_repo_file(data["file"], f"{at}: {where}.file")
     if "sha256" in data and not hub.SHA256.fullmatch(data["sha256"]):
         raise ConfigError(f"{at}: {where}.sha256 must be 64 lowercase hex digits")
     return Source(
@@ -168,6 +183,15 @@ def _source(data: Any, pair: str, role: str, origin: Path, lines: _Lines) -> Sou
         size_gb=float(data["size_gb"]) if "size_gb" in data else None,
         unverified=data.get("unverified"),
     )
+
+
+def check_repo_file(name: str, where: str) -> None:
+    """A file inside a repository: a relative path going nowhere outside it, ending in .gguf."""
+    parts = name.split("/")
+    if name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"{where} must be a path inside the repository (no '..', '.', leading '/' or '\\'), not {name!r}")
+    if not name.endswith(".gguf"):
+        raise ConfigError(f"{where} must name a .gguf file, not {name!r}")
 
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -209,9 +233,9 @@ def parse(text: str, origin: Path) -> Registry:
                     f"{_where(origin, lines.of(name, text_field))}: {where}.{text_field} must be a string"
                 )
         draft_max = entry.get("draft_max", 4)
-        if not isinstance(draft_max, int) or isinstance(draft_max, bool) or draft_max < 1:
+        if not isinstance(draft_max, int) or isinstance(draft_max, bool) or not 1 <= draft_max <= MAX_DRAFT:
             raise ConfigError(
-                f"{_where(origin, lines.of(name, 'draft_max'))}: {where}.draft_max must be a positive integer"
+                f"{_where(origin, lines.of(name, 'draft_max'))}: {where}.draft_max must be an integer from 1 to {MAX_DRAFT}"
             )
         pairs[name] = Pair(
             name=name,

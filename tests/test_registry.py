@@ -63,7 +63,7 @@ def test_missing_field_names_file_line_and_field(tmp_path: Path) -> None:
 def test_bad_value_names_the_line_of_the_field(tmp_path: Path) -> None:
     f = tmp_path / "models.toml"
     f.write_text(GOOD_PAIR + 'draft_max = "lots"\n')
-    with pytest.raises(ConfigError, match=rf"^{f}:6: \[pairs.mine\].draft_max must be a positive integer"):
+    with pytest.raises(ConfigError, match=rf"^{f}:6: \[pairs.mine\].draft_max must be an integer from 1 to 64"):
         registry.load(f)
 
 

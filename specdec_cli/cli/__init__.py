@@ -7,6 +7,8 @@ options shared by several commands are defined once in `options.py`, and
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from typing import Annotated
 
@@ -47,9 +49,18 @@ app.add_typer(models.app)
 
 
 def main() -> None:
-    """Entry point: Click's own usage errors (unknown option, bad type) become one line too."""
+    """Entry point: every failure ends in one line on stderr and a non-zero exit.
+
+    Click's own usage errors (unknown option, bad type) become one line too; a
+    reader that goes away (`| head`) ends the run quietly, as other CLIs do; an
+    output that cannot be written (closed, a full disk) is one line; anything
+    else is reported as an internal error (SPECDEC_DEBUG=1 shows the traceback).
+    """
     from specdec_cli.render import error_line
 
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        error_line("stdout is closed: there is nowhere to write the output")
+        sys.exit(1)
     try:
         rv = app(prog_name="specdec", standalone_mode=False)
     except typer.TyperException as exc:  # Click's UsageError and friends
@@ -59,4 +70,44 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(1)
+    except BrokenPipeError:
+        _silence_stdout()
+        sys.exit(141)  # 128 + SIGPIPE: what a shell reports for a CLI that SIGPIPE ended
+    except OSError as exc:
+        _silence_stdout()
+        if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT):
+            error_line(f"cannot write the output: {exc.strerror}")
+        else:
+            error_line(str(exc))
+        sys.exit(1)
+    except Exception as exc:  # a bug: still one line, with a way to see more
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        error_line(f"internal error: {type(exc).__name__}: {exc} (SPECDEC_DEBUG=1 shows where; please report it)")
+        sys.exit(70)
+    _flush_stdout()
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _flush_stdout() -> None:
+    """Flush now, so a failed write is reported here and not as 'Exception ignored' at exit."""
+    from specdec_cli.render import error_line
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        sys.exit(141)
+    except OSError as exc:
+        _silence_stdout()
+        error_line(f"cannot write the output: {exc.strerror}")
+        sys.exit(1)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass

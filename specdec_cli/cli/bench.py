@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -68,6 +67,7 @@ def bench(
     """Measure configurations of one pair side by side: speed, speedup, acceptance, where the time goes."""
     from specdec_cli.api import GenerateOptions
     from specdec_cli.bench import core, external
+    from specdec_cli.engine.model import usable_cores
     from specdec_cli.errors import UsageError
 
     out = Output(json_out)
@@ -99,7 +99,7 @@ def bench(
                 )
                 runs = []
                 if llama_cpp_bin is not None:
-                    threads = runtime.threads or max(1, os.cpu_count() or 1)
+                    threads = spec.n_threads or usable_cores()
                     runs = external.run_llama_cpp(
                         llama_cpp_bin, spec, prompt_set, cfgs,
                         repeats=repeats, max_tokens=max_tokens, threads=threads, on_run=advance,

@@ -204,8 +204,9 @@ def load(
     models: ModelOptions, runtime: RuntimeOptions, ngram: NgramOptions, drafter: str, *, no_draft: bool = False
 ) -> Speculator:
     from specdec_cli import api
+    from specdec_cli.render import warning
 
-    return api.load(
+    spec = api.load(
         models.target,
         models.draft,
         pair=models.pair,
@@ -217,6 +218,9 @@ def load(
         ngram=ngram.sizes,
         verbose=runtime.verbose,
     )
+    for message in spec.warnings:
+        warning(message)
+    return spec
 
 
 def with_options(fn: F) -> F:

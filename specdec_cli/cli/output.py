@@ -102,11 +102,16 @@ def user_errors(on_error: Callable[[], None] | None = None) -> contextlib.Abstra
 
 
 def read_prompt(prompt: str | None) -> str:
+    """The PROMPT argument, or stdin; checked to be UTF-8 before any model loads."""
+    from specdec_cli.engine.model import encode_utf8
+
     if prompt is None or prompt == "-":
         if prompt is None and sys.stdin.isatty():
             raise usage_error("give a PROMPT, or pipe one on stdin (use - to read stdin explicitly)")
         text = sys.stdin.read()
         if not text.strip():
             raise usage_error("the prompt read from stdin is empty")
+        encode_utf8(text, "the prompt read from stdin")
         return text.rstrip("\n")
+    encode_utf8(prompt, "the prompt")
     return prompt

@@ -30,6 +30,7 @@ DEFAULT_NGRAM = (2, 4)
 DEFAULT_P_MIN = 0.0
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_CTX = 4096
+MAX_DRAFT = 64  # a verification batch of K+1 rows; past this no drafter pays for itself
 MAX_SEED = 2**64 - 1  # numpy's SeedSequence takes any non-negative int; we keep it to 64 bits
 
 
@@ -64,14 +65,18 @@ class GenerationConfig:
     def validate(self) -> GenerationConfig:
         if self.max_tokens < 1:
             raise UsageError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if self.draft_max < 1:
-            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max} (use --no-draft to run the target alone)")
+        if not 1 <= self.draft_max <= MAX_DRAFT:
+            raise UsageError(
+                f"--draft-max must be from 1 to {MAX_DRAFT}, got {self.draft_max} (--no-draft runs the target alone)"
+            )
         if not 1 <= self.draft_min <= self.draft_max:
             raise UsageError(f"--draft-min must be in [1, --draft-max={self.draft_max}], got {self.draft_min}")
         if not (0.0 <= self.draft_p_min < 1.0):  # written so that NaN fails it
             raise UsageError(f"--draft-p-min must be in [0, 1), got {self.draft_p_min}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            raise UsageError(f"--seed must be a whole number from 0 to 2^64-1, got {self.seed}")
+            raise UsageError(
+                f"--seed must be a whole number from 0 to 2^64-1, got {self.seed} (leave it out for a random seed)"
+            )
         validate_sampler(self.sampler)
         return self
 
@@ -97,8 +102,8 @@ def validate_ngram(n_min: int, n_max: int) -> tuple[int, int]:
 
 
 def validate_runtime(n_ctx: int, n_threads: int | None) -> None:
-    if n_ctx < 8:
-        raise UsageError(f"--ctx-size must be >= 8, got {n_ctx}")
+    if not 8 <= n_ctx <= 2**31 - 1:
+        raise UsageError(f"--ctx-size must be from 8 to 2^31-1, got {n_ctx}")
     if n_threads is not None and n_threads < 1:
         raise UsageError(f"--threads must be >= 1, got {n_threads}")
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -22,9 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelError
+from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelError, UsageError
 
 GGUF_MAGIC = b"GGUF"
+MAX_CTX = 2**31 - 1  # llama.cpp's n_ctx is a uint32; no model comes near this
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 # Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
 # is identical to the target alone only if a batch computes bit-identical logits
@@ -81,12 +92,18 @@ def _last_log_error() -> str:
     """The most telling recent llama.cpp log line, for an error message.
 
     llama.cpp logs the cause ("error loading model: tensor ... not within the file
-    bounds") before a generic "failed to load model": prefer the cause.
+    bounds", or the GGUF reader's "this GGUF file is version 7 but ...") before a
+    generic "failed to load model": prefer the cause.
     """
     lines = [line.strip() for line in _LOG_LINES if line.strip()]
+    for line in lines:  # the GGUF reader names what is wrong with the header
+        if line.startswith("gguf_") and ": " in line and "failed to read" not in line:
+            return line.split(": ", 1)[1]
     for line in reversed(lines):
         if "error loading model:" in line:
-            return line.split("error loading model:", 1)[1].strip()
+            cause = line.split("error loading model:", 1)[1].strip()
+            if "failed to load model from" not in cause:
+                return cause
     for line in reversed(lines):
         if "error" in line.lower() or "failed" in line.lower():
             return line
@@ -94,23 +111,64 @@ def _last_log_error() -> str:
 
 
 def check_gguf_file(path: str | os.PathLike[str]) -> Path:
-    """Fail early, with one clear line, on a path that cannot be a GGUF model."""
+    """Fail early, with one clear line, on a path that cannot be a GGUF model.
+
+    Only a regular file is opened: a FIFO or a device would block the read (or
+    never end), so it is refused from its `stat`, which is also where a symlink
+    loop shows up.
+    """
     p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelFileError(f"model file not found: {p}")
-    if p.is_dir():
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise ModelFileError(f"model file not found: {p}") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ModelFileError(f"{p} is a symbolic link loop, not a model file") from None
+        raise ModelFileError(f"cannot read {p}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
         raise ModelFileError(f"{p} is a directory, not a GGUF model file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
+        raise ModelFileError(f"{p} is {kind}, not a regular file: specdec reads models from regular files only")
     try:
         with p.open("rb") as fh:
             magic = fh.read(4)
     except OSError as exc:
-        raise ModelFileError(f"cannot read {p}: {exc.strerror}") from exc
+        raise ModelFileError(f"cannot read {p}: {exc.strerror}") from None
     if magic != GGUF_MAGIC:
         raise ModelFileError(
             f"{p} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
             "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf"
         )
     return p
+
+
+def encode_utf8(text: str, what: str = "the text") -> bytes:
+    """UTF-8 bytes, or a UsageError naming the first invalid byte.
+
+    Python decodes argv and stdin with surrogateescape, so invalid input arrives
+    as lone surrogates; they would otherwise fail deep inside tokenization.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"code point U+{bad:04X}"
+        raise UsageError(f"{what} is not valid UTF-8 ({byte} at character {exc.start})") from None
+
+
+def _load_failure(path: Path) -> str:
+    """What to tell the user when llama.cpp refuses a file."""
+    reason = _last_log_error()
+    size = path.stat().st_size
+    if any(line.startswith("gguf_") and "failed to read header" in line for line in _LOG_LINES):
+        return f"{path} ({size:,} bytes) has an invalid GGUF header: {reason or 'llama.cpp could not read it'}"
+    hint = f": {reason}" if reason else ""
+    return (
+        f"llama.cpp could not load {path} ({size:,} bytes){hint}. The file may be truncated "
+        "(re-download it) or use an architecture this llama.cpp build does not know"
+    )
 
 
 @dataclass(frozen=True)
@@ -174,6 +232,7 @@ class Model:
         self.tokens: list[int] = []
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
         self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
+        self.warnings: list[str] = []  # things the user should know about how it was loaded
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
@@ -182,14 +241,7 @@ class Model:
         _LOG_LINES.clear()
         model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            reason = _last_log_error()
-            size = self.path.stat().st_size
-            hint = f": {reason}" if reason else ""
-            raise ModelFileError(
-                f"llama.cpp could not load {self.path} ({size:,} bytes){hint}. "
-                "The file may be truncated (re-download it) or use an architecture "
-                "this llama.cpp build does not know"
-            )
+            raise ModelFileError(_load_failure(self.path))
         self._model = model
         try:
             self._init_context(n_ctx, n_threads, n_batch, vocab_only)
@@ -208,7 +260,8 @@ class Model:
         if vocab_only:
             return
 
-        threads = n_threads or max(1, os.cpu_count() or 1)
+        self._check_context_fits(n_ctx)
+        threads = n_threads or usable_cores()
         cparams = C.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -247,6 +300,30 @@ class Model:
         for i in range(n_batch):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
+
+    def _check_context_fits(self, n_ctx: int) -> None:
+        """Refuse a context whose KV cache cannot fit in memory, before llama.cpp tries to allocate it.
+
+        llama.cpp allocates the whole cache up front and the kernel overcommits, so
+        an absurd --ctx-size would otherwise grow to the machine's memory. Above the
+        model's training length it only warns (`self.warnings`).
+        """
+        from specdec_cli.ggufinfo import GGUFSummary, available_memory, human_gb
+
+        info = self.info()
+        need = GGUFSummary.from_info(info).kv_cache_bytes(n_ctx)
+        have = available_memory()
+        if n_ctx > MAX_CTX or (have is not None and need > have):
+            have_text = f"{human_gb(have)} available" if have is not None else "more than this machine has"
+            raise ContextError(
+                f"--ctx-size {n_ctx:,} needs about {human_gb(need)} of KV cache for {self.path.name}, "
+                f"{have_text}: choose a smaller --ctx-size (the model was trained on {info.n_ctx_train:,} tokens)"
+            )
+        if 0 < info.n_ctx_train < n_ctx:
+            self.warnings.append(
+                f"--ctx-size {n_ctx:,} is above {self.path.name}'s training context ({info.n_ctx_train:,} tokens): "
+                "past that, its output may degrade"
+            )
 
     # ------------------------------------------------------------------ info
     @property
@@ -337,7 +414,7 @@ class Model:
         return b"".join(self.token_text(t) for t in tokens).decode("utf-8", "replace")
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        data = text.encode("utf-8")
+        data = encode_utf8(text)
         cap = len(data) + 16
         arr = (self._C.llama_token * cap)()
         n = self._C.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
