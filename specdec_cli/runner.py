@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_cli import pairs, registry
-from specdec_cli.engine import chat
+from specdec_cli.engine import chat, specials
 from specdec_cli.engine.config import MODEL, NGRAM, NONE
 from specdec_cli.engine.model import Model, check_gguf_file
 from specdec_cli.errors import ConfigError, IncompatiblePairError, UsageError
@@ -141,9 +141,19 @@ def tokenize_prompt(model: Model, prompt: str, *, use_chat: bool | None, system:
 
 
 def tokenize_chat(model: Model, template: str | None, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """The conversation through the chat template, ready to generate the assistant's turn."""
+    """The conversation through the chat template, ready to generate the assistant's turn.
+
+    Special tokens come from the template only: control-token text inside a
+    message is tokenized as plain text (engine/specials.py).
+    """
     sp = model.special_texts()
-    text = chat.render(template, messages, bos_token=sp.bos_text, eos_token=sp.eos_text)
+    safe = specials.defang(messages, model.control_texts())
+    text = chat.render(template, safe.messages, bos_token=sp.bos_text, eos_token=sp.eos_text, source=model.name)
     # Templates that write the BOS text themselves must not get a second BOS.
     add_special = not (sp.add_bos and sp.bos_text and text.startswith(sp.bos_text))
-    return model.tokenize(text, add_special=add_special, parse_special=True)
+    if not safe.changed:
+        return model.tokenize(text, add_special=add_special, parse_special=True)
+    ids = model.tokenize("", add_special=True, parse_special=False) if add_special else []
+    for piece, parse_special in safe.pieces(text):
+        ids += model.tokenize(piece, add_special=False, parse_special=parse_special)
+    return ids

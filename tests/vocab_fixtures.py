@@ -64,3 +64,19 @@ def set_key(key: str, value: Any, *more: Edit) -> Edit:
             m(f)
 
     return edit
+
+
+def with_chat_template(src: Path, out: Path, template: str) -> Path:
+    """A loadable copy of a GGUF (tensors and all) whose chat template is `template`."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = GGUFReader(str(src), "r")
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(str(out), arch=arch, endianess=reader.endianess)
+    alignment = reader.fields.get("general.alignment")
+    if alignment is not None:
+        writer.data_alignment = alignment.contents()
+    details = MetadataDetails(GGUFValueType.STRING, template)
+    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: details}, [])
+    return out

@@ -102,8 +102,9 @@ def run_llama_cpp(
             text = p.text
             if info.chat_template:  # the same rendered prompt specdec tokenizes
                 text = chat.render(
-                    info.chat_template, runner.chat_messages(p.text, None), bos_token=sp.bos_text, eos_token=sp.eos_text
-                )
+                    info.chat_template, runner.chat_messages(p.text, None), bos_token=sp.bos_text,
+                    eos_token=sp.eos_text, source=spec.target.name,
+                )  # fmt: skip
                 if sp.add_bos and sp.bos_text and text.startswith(sp.bos_text):
                     text = text[len(sp.bos_text) :]
             for c in wanted:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelError, UsageError
 
 GGUF_MAGIC = b"GGUF"
@@ -252,10 +253,11 @@ class Model:
     def _init_context(self, n_ctx: int, n_threads: int | None, n_batch: int, vocab_only: bool) -> None:
         C = self._C  # noqa: N806
         model = self._model
-        self._vocab = C.llama_model_get_vocab(model)
-        self.n_vocab = int(C.llama_vocab_n_tokens(self._vocab))
+        self._vocab_ptr = C.llama_model_get_vocab(model)
+        self.n_vocab = int(C.llama_vocab_n_tokens(self._vocab_ptr))
         self._pieces: dict[int, bytes] = {}
         self._eog: frozenset[int] | None = None
+        self._controls: ControlTexts | None = None
         self.n_ctx = 0
         if vocab_only:
             return
@@ -327,6 +329,18 @@ class Model:
 
     # ------------------------------------------------------------------ info
     @property
+    def _vocab(self) -> Any:
+        """The vocabulary handle; a closed model raises instead of handing llama.cpp a freed pointer."""
+        if self._model is None:
+            raise UsageError(f"{self.path.name} has been closed: load it again")
+        return self._vocab_ptr
+
+    def _context(self) -> Any:
+        if self._ctx is None:
+            raise UsageError(f"{self.path.name} has been closed (or was loaded vocabulary-only)")
+        return self._ctx
+
+    @property
     def name(self) -> str:
         return self.path.name
 
@@ -360,6 +374,20 @@ class Model:
 
         return SpecialTexts(text(bos), text(eos), bool(C.llama_vocab_get_add_bos(v)))
 
+    def control_texts(self) -> ControlTexts:
+        """Texts of the CONTROL tokens: the only ones llama.cpp parses specially (and only when asked)."""
+        if self._controls is None:
+            C = self._C  # noqa: N806
+            v = self._vocab
+            control = 1 << 3  # LLAMA_TOKEN_ATTR_CONTROL
+            texts = (
+                (C.llama_vocab_get_text(v, i) or b"").decode("utf-8", "replace")
+                for i in range(self.n_vocab)
+                if C.llama_vocab_get_attr(v, i) & control
+            )
+            self._controls = ControlTexts.of(texts)
+        return self._controls
+
     @property
     def eog_ids(self) -> frozenset[int]:
         """End-of-generation tokens (EOS, EOT, <end_of_turn>, ...), per llama.cpp."""
@@ -370,6 +398,7 @@ class Model:
 
     def info(self) -> ModelInfo:
         C = self._C  # noqa: N806
+        self._vocab  # noqa: B018 - raises on a closed model
         buf = ctypes.create_string_buffer(256)
         C.llama_model_desc(self._model, buf, len(buf))
         meta: dict[str, str] = {}
@@ -432,6 +461,7 @@ class Model:
         llama.cpp's output buffer: valid until the next call that decodes.
         """
         n = len(tokens)
+        self._context()
         if n == 0:
             raise ValueError("decode needs at least one token")
         if n_logits > n:
@@ -481,6 +511,7 @@ class Model:
         """Forget every cached position from `n_keep` on."""
         if n_keep >= len(self.tokens):
             return
+        self._context()
         ok = self._C.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
         if not ok:
             raise UnsupportedModelError(
@@ -516,6 +547,7 @@ class Model:
             self.decode(tokens[keep:], n_logits=1)
 
     def reset(self) -> None:
+        self._context()
         self._C.llama_memory_clear(self._mem, True)
         self.tokens.clear()
 

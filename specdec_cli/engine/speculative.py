@@ -107,7 +107,9 @@ class SpeculativeGenerator:
         try:
             yield from self._run()
         finally:
-            self.result.text += self._decoder.decode(b"", final=True)
+            # A character cut by --max-tokens (or a stop) mid-way is left out, as the stream left it out:
+            # text holds complete characters only; token_ids keep every token.
+            self._decoder.reset()
             self.result.wall_seconds = time.perf_counter() - t_start
 
     def _run(self) -> Iterator[Event]:

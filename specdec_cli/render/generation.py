@@ -25,7 +25,7 @@ from rich.text import Text
 from specdec_cli.engine.config import NGRAM
 from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Prefill, Step
 from specdec_cli.engine.stats import RunStats, Stats
-from specdec_cli.render import no_color, pct, warning
+from specdec_cli.render import no_color, one_line, pct, visible, warning
 
 if TYPE_CHECKING:
     from specdec_cli.api import Generation
@@ -52,6 +52,8 @@ def legend() -> Text:
 
 
 def styled_token(text: str, source: str, drafter: str | None = None) -> Text:
+    """A token for the terminal: coloured by who chose it, control characters made visible."""
+    text = visible(text)
     if source != DRAFT:
         return Text(text, style=TARGET_STYLE)
     return Text(text, style=NGRAM_STYLE if drafter == NGRAM else DRAFT_STYLE)
@@ -138,12 +140,13 @@ class JsonRenderer(Renderer):
 
 
 class PlainRenderer(Renderer):
-    """Pipes and NO_COLOR: plain text streamed to stdout, plain summary on stderr."""
+    """Pipes and NO_COLOR: plain text streamed to stdout (exact on a pipe), plain summary on stderr."""
 
     def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.notes: list[str] = []
+        self.show = visible if self.out.isatty() else str  # NO_COLOR on a terminal still escapes
 
     def event(self, ev: Event, stats: Stats) -> None:
         if isinstance(ev, DrafterDropped):
@@ -151,7 +154,7 @@ class PlainRenderer(Renderer):
             warning(ev.reason, self.err)
         elif isinstance(ev, Step):
             for tok in ev.emitted:
-                self.out.write(tok.text)
+                self.out.write(self.show(tok.text))
             self.out.flush()
             if ev.note:
                 self.notes.append(ev.note)  # after the text: stderr and stdout often share a terminal
@@ -224,7 +227,7 @@ class LiveRenderer(Renderer):
     def _say(self, message: str, style: str = "yellow") -> None:
         if self.live is not None:
             self.live.stop()
-        self.err.print(message, style=style, highlight=False, markup=False)
+        self.err.print(one_line(message), style=style, highlight=False, markup=False)
         if self.live is not None:
             self._start_live()
 
@@ -298,6 +301,7 @@ class ChatRenderer:
         self.out = out
         self.err = err
         self.colour = colour
+        self.show = visible if out.isatty() else str
 
     def event(self, ev: Event) -> None:
         if isinstance(ev, DrafterDropped):
@@ -310,7 +314,7 @@ class ChatRenderer:
             if self.colour is not None:
                 self.colour.print(styled_token(tok.text, tok.source, ev.drafter), end="", soft_wrap=True, highlight=False)
             else:
-                self.out.write(tok.text)
+                self.out.write(self.show(tok.text))
         self.out.flush()
 
     def end(self) -> None:

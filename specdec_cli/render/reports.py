@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.render import no_color, pct
+from specdec_cli.render import no_color, pct, visible
 
 if TYPE_CHECKING:
     from specdec_cli.bench.core import Costs, Summary
@@ -54,7 +54,7 @@ def pair_report(report: PairReport, probe: ProbeResult | None = None, console: C
     ]
     for row in rows:
         same = row[1] == row[2] or row[0] in ("file", "file size", "quantization", "size label")
-        table.add_row(row[0], Text(row[1]), Text(row[2], style="" if same else "bold red"))
+        table.add_row(row[0], Text(visible(row[1])), Text(visible(row[2]), style="" if same else "bold red"))
     console.print(table)
 
     v = report.verdict
