@@ -19,6 +19,7 @@ the CLI prints (`UsageError` for bad values is also a `ValueError`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import threading
@@ -177,6 +178,7 @@ class Speculator:
         self.draft_broken: str | None = None  # set when the draft model produced non-finite logits
         self.warnings: list[str] = []  # about how it was loaded (threads capped, context past training length)
         self._auto: AutoState | None = None  # what the auto drafter learned, kept across generations
+        self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------- facts
@@ -266,7 +268,16 @@ class Speculator:
 
             draft = self.draft if self.draft is not None and not self.draft_broken else None
             self._auto = starting_state(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1)
+            self._auto_start = copy.deepcopy(self._auto)
         return self._auto
+
+    def _reproducible_auto_state(self, k_max: int) -> AutoState:
+        """For a seeded sampled run: the starting costs every time, learning nothing from timings."""
+        self.auto_state(k_max)
+        assert self._auto_start is not None
+        state = copy.deepcopy(self._auto_start)
+        state.learn_costs = False
+        return state
 
     def _default_k(self, kind: str) -> int:
         if kind == MODEL and self.choice.draft_max:
@@ -280,7 +291,9 @@ class Speculator:
             model = None
             if self.draft is not None and not self.draft_broken:
                 model = ModelDrafter(self.draft, config.draft_p_min, window=WINDOW)
-            state = self.auto_state(config.draft_max)
+            state = self._reproducible_auto_state(config.draft_max) if config.reproducible else self.auto_state(
+                config.draft_max
+            )
             return AutoDrafter(NgramDrafter(*self.ngram), model, config.draft_max, state, self.choice.draft_max)
         if kind == MODEL and self.draft is not None:
             inner = ModelDrafter(self.draft, config.draft_p_min)

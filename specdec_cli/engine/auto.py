@@ -57,6 +57,9 @@ class AutoState:
     draft_token_seconds: float | None = None
     draft_batch_token_seconds: float | None = None
     paused: bool = False
+    # False for a seeded sampled run: decisions then come from the starting costs only, never from
+    # this run's timings, so the same seed gives the same text (timings differ run to run).
+    learn_costs: bool = True
     budget: float = 0.0  # seconds of retry cost the generation time so far allows
     draft_samples: RecentMedian = field(default_factory=RecentMedian)
     batch_samples: RecentMedian = field(default_factory=RecentMedian)
@@ -144,8 +147,9 @@ class AutoDrafter:
     def accept(self, outcome: Outcome) -> None:
         s = self.state
         n = len(outcome.proposal.tokens)
-        s.costs.observe(n + 1, outcome.t_target)
-        one = s.costs.one or outcome.t_target
+        if s.learn_costs:
+            s.costs.observe(n + 1, outcome.t_target)
+        one = s.costs.one or (outcome.t_target if s.learn_costs else 1.0)
         s.budget += RETRY_SHARE * one  # each step's plain-decode equivalent earns retry time
         self.shadow.score(outcome.context)
         if self._choice == MODEL and n:
@@ -217,6 +221,8 @@ class AutoDrafter:
         self._model_at = len(req.context)
         n_caught, t_caught = self.model.last_catch_up
         calls = len(proposal.tokens)  # a step is one catch-up call (1-2 tokens) and one call per further token
+        if not s.learn_costs:
+            return proposal
         if n_caught > 2:  # a catch-up batch after a pause: its cost per token is not drafting's
             s.draft_batch_token_seconds = s.batch_samples.add(t_caught / n_caught)
             t, calls = t - t_caught, calls - 1

@@ -173,7 +173,7 @@ class _Budget:
         if time.monotonic() > self.deadline:
             raise _Stop(f"rendering took more than {RENDER_SECONDS:g} s")
         self.events += 1
-        if self.base is not None and self.events % 4 == 0:
+        if self.base is not None:
             now = _rss()
             if now is not None and now - self.base > MEMORY_GROWTH:
                 raise _Stop(f"rendering used more than {MEMORY_GROWTH // 2**20} MB")

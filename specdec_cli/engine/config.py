@@ -62,6 +62,14 @@ class GenerationConfig:
     draft_min: int = 1
     draft_p_min: float = 0.0  # model drafter: stop drafting below this top probability
 
+    @property
+    def reproducible(self) -> bool:
+        """A seeded sampled run: its text must depend on the seed only, so no decision may use timings.
+
+        (A greedy run is the target's argmax whatever the drafter decides.)
+        """
+        return self.seed is not None and not self.sampler.greedy
+
     def validate(self) -> GenerationConfig:
         if self.max_tokens < 1:
             raise UsageError(f"--max-tokens must be >= 1, got {self.max_tokens}")

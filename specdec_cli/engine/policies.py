@@ -19,7 +19,7 @@ def compose(inner: Drafter, config: GenerationConfig) -> Drafter:
     if not config.adaptive:
         return inner
     adaptive = AdaptiveLength(inner, config.draft_min, config.draft_max)
-    return CostGated(adaptive) if inner.free else adaptive
+    return CostGated(adaptive, learn_costs=not config.reproducible) if inner.free else adaptive
 
 
 class AdaptiveLength:
@@ -61,11 +61,12 @@ class AdaptiveLength:
 class CostGated:
     """A free drafter whose proposals are trimmed by a `CostGate` (the n-gram drafter with adaptive K)."""
 
-    def __init__(self, inner: Drafter) -> None:
+    def __init__(self, inner: Drafter, learn_costs: bool = True) -> None:
         self.inner = inner
         self.name = inner.name
         self.free = inner.free
         self.gate = CostGate()
+        self.learn_costs = learn_costs  # False: a seeded sampled run must not depend on timings
 
     def decode_seconds(self) -> float:
         return self.inner.decode_seconds()
@@ -79,6 +80,7 @@ class CostGated:
         return proposal.cut(self.gate.choose(len(proposal.tokens)))
 
     def accept(self, outcome: Outcome) -> None:
-        self.gate.observe_cost(len(outcome.proposal.tokens) + 1, outcome.t_target)
+        if self.learn_costs:
+            self.gate.observe_cost(len(outcome.proposal.tokens) + 1, outcome.t_target)
         self.gate.score(outcome.context)
         self.inner.accept(outcome)
