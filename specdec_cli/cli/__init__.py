@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from specdec_cli import __version__
-from specdec_cli.cli import bench, chat, models, pair_check, run
+from specdec_cli.cli import bench, chat, models, pair_check, run, serve
 
 app = typer.Typer(
     name="specdec",
@@ -45,6 +45,7 @@ app.command("run")(run.run)
 app.command("pair-check")(pair_check.pair_check)
 app.command("chat")(chat.chat)
 app.command("bench")(bench.bench)
+app.command("serve")(serve.serve)
 app.add_typer(models.app)
 
 

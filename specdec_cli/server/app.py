@@ -1,0 +1,362 @@
+"""The OpenAI-compatible HTTP layer: Starlette routes, SSE streaming, errors in OpenAI's shape.
+
+Starlette (FastAPI's core) with pydantic models rather than FastAPI itself: every
+error must be OpenAI's `{"error": {...}}` with the right status, and FastAPI's
+own validation answers 422 in its own shape; parsing the body ourselves keeps
+one path for invalid JSON, wrong types and bad values. uvicorn serves it and
+sse-starlette streams (as llama-cpp-python's server does): it notices a client
+that went away, which cancels that generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from pydantic import ValidationError
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from specdec_cli.api import GenerateOptions, Speculator
+from specdec_cli.errors import ContextError, SpecdecError, UsageError
+from specdec_cli.server.metrics import Metrics
+from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
+from specdec_cli.server.worker import Delta, Failed, Final, Job, QueueFull, Worker, describe
+
+MAX_BODY_BYTES = 4 * 2**20
+RETRY_AFTER_SECONDS = 5
+SHUTDOWN_GRACE_SECONDS = 5.0  # a stream in flight at SIGINT/SIGTERM ends within this, with finish_reason and [DONE]
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_id: str
+    defaults: GenerateOptions  # the CLI's sampling and speculation options: a request overrides them
+    api_key: str | None = None
+    max_queue: int = 8
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+# ------------------------------------------------------------------ body limit
+class BodyLimit:
+    """413 for a body over the limit, declared (Content-Length) or streamed (chunked)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await _too_large(self.limit).response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _too_large(self.limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is over {limit:,} bytes", code="request_too_large")
+
+
+# ------------------------------------------------------------------ the app
+class Server:
+    def __init__(self, spec: Speculator, settings: ServerSettings) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.worker = Worker(spec, settings.max_queue, on_step=None)
+        self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running)
+        self.worker.on_step = self.metrics.step
+        self.started = int(time.time())
+
+    # ----------------------------------------------------------- helpers
+    def _authorise(self, request: Request) -> None:
+        key = self.settings.api_key
+        if not key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+
+    async def _body(self, request: Request, model: type[ChatRequest] | type[CompletionRequest]) -> Any:
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+        try:
+            body = model.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ApiError(400, f"{where}: {first['msg']}", param=where or None, code="invalid_value") from None
+        if body.model is not None and body.model != self.settings.model_id:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
+                                f"{self.settings.model_id!r} (GET /v1/models)", param="model",
+                           code="model_not_found")  # fmt: skip
+        if body.n != 1:
+            raise ApiError(400, f"n must be 1 (one loaded pair generates one choice), got {body.n}", param="n")
+        if len(body.stops()) > MAX_STOPS:
+            raise ApiError(400, f"at most {MAX_STOPS} stop sequences", param="stop")
+        return body
+
+    def _options(self, body: ChatRequest | CompletionRequest) -> GenerateOptions:
+        d = self.settings.defaults
+        spec = body.speculative
+        max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or d.max_tokens
+        options = GenerateOptions(
+            max_tokens=max_tokens,
+            temperature=d.temperature if body.temperature is None else body.temperature,
+            top_k=d.top_k if body.top_k is None else body.top_k,
+            top_p=d.top_p if body.top_p is None else body.top_p,
+            min_p=d.min_p if body.min_p is None else body.min_p,
+            seed=d.seed if body.seed is None else body.seed,
+            draft_max=spec.draft_max if spec is not None and spec.draft_max is not None else d.draft_max,
+            draft_min=d.draft_min,
+            adaptive=d.adaptive,
+            draft_p_min=d.draft_p_min,
+            drafter=spec.drafter if spec is not None and spec.drafter is not None else d.drafter,
+        )
+        try:
+            options.validate()
+            if options.drafter == "model" and self.spec.draft is None:
+                raise UsageError("the model drafter needs a draft model, and this server has none")
+        except UsageError as exc:
+            raise ApiError(400, str(exc).replace("--temp", "temperature").replace("--", ""),
+                           code="invalid_value") from None  # fmt: skip
+        return options
+
+    # ------------------------------------------------------------ routes
+    async def models(self, request: Request) -> Response:
+        self._authorise(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "specdec"}]})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "waiting": self.worker.waiting, "running": self.worker.running})
+
+    async def metrics_text(self, request: Request) -> Response:
+        self._authorise(request)
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def chat(self, request: Request) -> Response:
+        self._authorise(request)
+        body: ChatRequest = await self._body(request, ChatRequest)
+        return await self._generate(request, body, body.conversation(), chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        self._authorise(request)
+        body: CompletionRequest = await self._body(request, CompletionRequest)
+        if isinstance(body.prompt, list) and len(body.prompt) != 1:
+            raise ApiError(400, "one prompt per request (a list of one string is accepted)", param="prompt")
+        return await self._generate(request, body, body.text(), chat=False)
+
+    # -------------------------------------------------------- generation
+    async def _generate(self, request: Request, body: ChatRequest | CompletionRequest, prompt: Any,
+                        *, chat: bool) -> Response:  # fmt: skip
+        t0 = time.perf_counter()
+        options = self._options(body)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Delta | Final | Failed] = asyncio.Queue()
+        def emit(ev: Delta | Final | Failed) -> None:  # from the worker thread
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        job = Job(prompt, options, body.stops(), emit, chat=chat)
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            raise ApiError(503, f"the server is busy: {self.settings.max_queue} requests are already waiting",
+                           type="server_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None  # fmt: skip
+        kind = "chat.completion" if chat else "text_completion"
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        try:
+            first = await self._next(request, job, events)
+        except BaseException:
+            job.cancel.set()
+            raise
+        if isinstance(first, Failed):
+            raise _api_error(first.error)
+        self.metrics.ttft.observe(time.perf_counter() - t0)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            shutdown = anyio.Event()  # set by sse-starlette when the server is asked to stop
+            stream = self._stream(job, events, first, ident, kind, created, chat, include_usage, t0, shutdown)
+            return EventSourceResponse(stream, ping=15, sep="\n", shutdown_event=shutdown,
+                                       shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
+        ev = first
+        try:
+            while not isinstance(ev, Final):
+                if isinstance(ev, Failed):
+                    raise _api_error(ev.error)
+                ev = await self._next(request, job, events)
+        finally:
+            job.cancel.set()  # a no-op after Final; stops the generation when this task is cancelled
+        self.metrics.latency.observe(time.perf_counter() - t0)
+        self._count(ev)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": ev.finish_reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": ev.text}
+        else:
+            choice["text"] = ev.text
+        return JSONResponse({"id": ident, "object": kind, "created": created, "model": self.settings.model_id,
+                             "choices": [choice], **self._usage(ev)})  # fmt: skip
+
+    async def _next(self, request: Request, job: Job, events: asyncio.Queue[Delta | Final | Failed]) -> Any:
+        """The job's next event; a client that disconnects cancels the job."""
+        while True:
+            try:
+                return await asyncio.wait_for(events.get(), timeout=0.5)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel.set()
+                    raise ApiError(499, "client closed the request") from None
+
+    async def _stream(self, job: Job, events: asyncio.Queue[Delta | Final | Failed], first: Any, ident: str,
+                      kind: str, created: int, chat: bool, include_usage: bool, t0: float,
+                      shutdown: anyio.Event) -> AsyncIterator[str]:  # fmt: skip
+        def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
+            if chat:
+                d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+                if delta is not None:
+                    d["content"] = delta
+                choice: dict[str, Any] = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            return json.dumps({"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created,
+                               "model": self.settings.model_id, "choices": [choice]})  # fmt: skip
+
+        async def cancel_on_shutdown() -> None:
+            await shutdown.wait()
+            job.cancel.set()  # the generation ends at its next step and the stream closes properly
+
+        watcher = asyncio.ensure_future(cancel_on_shutdown())
+        try:
+            if chat:
+                yield chunk(None, None, role=True)
+            ev = first
+            while not isinstance(ev, Final):
+                if isinstance(ev, Failed):  # after the first byte: end the stream with an error object
+                    yield json.dumps({"error": {"message": str(ev.error), "type": "server_error", "param": None,
+                                                "code": None}})  # fmt: skip
+                    return
+                if ev.text:
+                    yield chunk(ev.text, None)
+                ev = await events.get()
+            self._count(ev)
+            yield chunk(None, ev.finish_reason) if chat else chunk("", ev.finish_reason)
+            if include_usage:
+                yield json.dumps({"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created,
+                                  "model": self.settings.model_id, "choices": [], **self._usage(ev)})  # fmt: skip
+            yield "[DONE]"
+            self.metrics.latency.observe(time.perf_counter() - t0)
+        finally:
+            watcher.cancel()
+            job.cancel.set()  # a no-op after Final; stops the generation when the client went away
+
+    def _usage(self, ev: Final) -> dict[str, Any]:
+        g, s = ev.generation, ev.generation.stats
+        usage = {"prompt_tokens": g.n_prompt_tokens, "completion_tokens": ev.completion_tokens,
+                 "total_tokens": g.n_prompt_tokens + ev.completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}  # fmt: skip
+        timings = {
+            "cache_n": ev.cached_tokens,
+            "prompt_n": g.n_prompt_tokens - ev.cached_tokens,
+            "prompt_ms": round(s.seconds.prefill * 1000, 3),
+            "predicted_n": ev.completion_tokens,
+            "predicted_ms": round(s.generation_seconds * 1000, 3),
+            "predicted_per_second": round(s.tokens_per_second, 3),
+            "draft_n": s.drafted,
+            "draft_n_accepted": s.accepted,
+        }
+        return {"usage": usage, "speculative": describe(ev), "timings": timings}
+
+    def _count(self, ev: Final) -> None:
+        self.metrics.generated.inc(ev.completion_tokens)
+        self.metrics.prompt.inc(ev.generation.n_prompt_tokens)
+
+    def shutdown(self) -> None:
+        self.worker.stop()
+
+    # --------------------------------------------------------------- app
+    def app(self) -> ASGIApp:
+        def route(path: str, endpoint: Callable[[Request], Awaitable[Response]], methods: list[str]) -> Route:
+            async def handler(request: Request) -> Response:
+                try:
+                    response = await endpoint(request)
+                except ApiError as exc:
+                    response = exc.response()
+                except Exception as exc:  # never a 500 with a traceback
+                    response = ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                        type="server_error").response()  # fmt: skip
+                self.metrics.requests.labels(path, str(response.status_code)).inc()
+                return response
+
+            return Route(path, handler, methods=methods)
+
+        routes = [
+            route("/v1/models", self.models, ["GET"]),
+            route("/v1/chat/completions", self.chat, ["POST"]),
+            route("/v1/completions", self.completions, ["POST"]),
+            route("/health", self.health, ["GET"]),
+            route("/metrics", self.metrics_text, ["GET"]),
+        ]
+
+        async def not_found(request: Request, exc: Exception) -> Response:
+            status = getattr(exc, "status_code", 404)
+            return ApiError(status, f"{request.method} {request.url.path}: not found" if status == 404
+                            else f"{request.method} is not allowed on {request.url.path}").response()  # fmt: skip
+
+        async def too_large(request: Request, exc: Exception) -> Response:
+            assert isinstance(exc, ApiError)
+            return exc.response()
+
+        app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, ApiError: too_large})
+        return BodyLimit(app, MAX_BODY_BYTES)
+
+
+def _api_error(error: SpecdecError) -> ApiError:
+    if isinstance(error, ContextError):
+        return ApiError(400, str(error), param="messages", code="context_length_exceeded")
+    if isinstance(error, UsageError):
+        return ApiError(400, str(error), code="invalid_value")
+    if error.__class__ is SpecdecError and str(error).startswith("internal error"):
+        return ApiError(500, str(error), type="server_error")
+    return ApiError(400, str(error), code="invalid_request")

@@ -1,0 +1,162 @@
+"""One loaded pair, one generation at a time: a worker thread serves jobs in arrival order.
+
+Requests submit a `Job`; past `max_queue` waiting jobs a submission is refused
+(`QueueFull`, a 503 with Retry-After). The worker tokenizes the request (so a
+prompt too long for the context is an error before any byte is streamed),
+generates through `Speculator.start` and hands events to the request's asyncio
+side through `emit`, which must be thread-safe. A job's `cancel` event (the
+client went away, a stop string matched, shutdown) stops its generation at the
+next step, with both caches consistent for the next job.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_cli.api import GenerateOptions, Generation, Prompt, Speculator
+from specdec_cli.engine.events import Step
+from specdec_cli.engine.stats import Stats
+from specdec_cli.errors import ContextError, SpecdecError
+from specdec_cli.server.stops import StopMatcher
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Final:
+    generation: Generation
+    stats: Stats
+    text: str
+    finish_reason: str  # "stop" or "length"
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: SpecdecError
+
+
+Event = Delta | Final | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    prompt: Prompt
+    options: GenerateOptions
+    stops: list[str]
+    emit: Callable[[Event], None]
+    chat: bool = True
+    cancel: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class Worker:
+    def __init__(self, spec: Speculator, max_queue: int, on_step: Callable[[Step], None] | None = None) -> None:
+        self.spec = spec
+        self.max_queue = max_queue
+        self.on_step = on_step
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.waiting = 0
+        self.running = 0
+        self._active: set[Job] = set()
+        self._thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self.waiting >= self.max_queue:
+                raise QueueFull
+            self.waiting += 1
+            self._active.add(job)
+        self._jobs.put(job)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is running and waiting, and end the thread (shutdown)."""
+        with self._lock:
+            for job in self._active:
+                job.cancel.set()
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with self._lock:
+                self.waiting -= 1
+                self.running += 1
+            try:
+                if not job.cancel.is_set():  # a client that left while waiting costs nothing
+                    self._serve(job)
+            except SpecdecError as exc:
+                job.emit(Failed(exc))
+            except Exception as exc:  # never let one request take the worker down
+                job.emit(Failed(SpecdecError(f"internal error: {type(exc).__name__}: {exc}")))
+            finally:
+                with self._lock:
+                    self.running -= 1
+                    self._active.discard(job)
+
+    def _serve(self, job: Job) -> None:
+        spec = self.spec
+        tokens = spec.tokenize(job.prompt, system=None, chat=None if job.chat else False)
+        if len(tokens.ids) >= spec.n_ctx:
+            raise ContextError(
+                f"the prompt is {len(tokens.ids)} tokens; this server's context is {spec.n_ctx} tokens"
+            )
+        cached = spec.target.common_prefix(tokens.ids)
+        run = spec.start(tokens, job.options, cancel=job.cancel)
+        stops = StopMatcher(job.stops)
+        n_tokens = 0  # completion tokens up to the one that completed a stop string
+        for ev in run.events():
+            if not isinstance(ev, Step):
+                continue
+            if self.on_step is not None:
+                self.on_step(ev)
+            for tok in ev.emitted:
+                if stops.stopped:
+                    break
+                n_tokens += 1
+                out = stops.feed(tok.text)
+                if out:
+                    job.emit(Delta(out))
+            if stops.stopped:
+                job.cancel.set()
+        gen = run.generation
+        rest = stops.flush()
+        if rest:
+            job.emit(Delta(rest))
+        finish = "stop" if stops.stopped or gen.stop_reason == "eos" else "length"
+        job.emit(Final(gen, run.stats, stops.released, finish, n_tokens if stops.stopped else len(gen.token_ids),
+                       cached))  # fmt: skip
+
+
+def describe(final: Final) -> dict[str, Any]:
+    """The `speculative` block of a response."""
+    s = final.generation.stats
+    return {
+        "drafter": final.generation.settings.get("drafter"),
+        "draft_max": final.generation.settings.get("draft_max"),
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "acceptance_rate": round(s.acceptance_rate, 6),
+        "tokens_per_step": round(s.tokens_per_step, 6),
+        "steps": s.steps,
+        "accepted_by_position": [round(x, 6) for x in s.accepted_by_position],
+        "drafters": s.drafters,
+    }

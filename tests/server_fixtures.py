@@ -1,0 +1,86 @@
+"""A live `specdec serve` in a subprocess on 127.0.0.1, for tests that talk to it over a real socket."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+
+READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
+
+
+@dataclass
+class LiveServer:
+    proc: subprocess.Popen[str]
+    port: int
+    stderr: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+
+@contextmanager
+def live_server(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Iterator[LiveServer]:
+    cmd = [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", "--threads", "2", *args]
+    environ = {**os.environ, "SPECDEC_CALIBRATE": "0", **(env or {})}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=environ)
+    lines: list[str] = []
+    port: list[int] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            m = READY.search(line)
+            if m and not port:
+                port.append(int(m.group(1)))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not ready.wait(timeout) or not port:
+        proc.kill()
+        raise RuntimeError("server did not start:\n" + "".join(lines))
+    server = LiveServer(proc, port[0], lines)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("server never became healthy:\n" + "".join(lines))
+        time.sleep(0.1)
+    try:
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
