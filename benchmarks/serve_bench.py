@@ -81,7 +81,8 @@ def main() -> None:
     args = ap.parse_args()
     results: dict[str, dict[int, tuple[float, float]]] = {}
     for label, flags in (("auto drafter", []), ("target alone", ["--no-draft"])):
-        with live_server("--ctx-size", "4096", "--max-queue", "16", *flags, *args.serve_args) as s:
+        with live_server("--ctx-size", "4096", "--max-queue", "16", *flags, *args.serve_args,
+                         env={"SPECDEC_CALIBRATE": "1"}) as s:  # as users run it: calibrated
             one_request(s.base_url, "Hello", 8)  # warm up (and calibrate)
             results[label] = {c: measure(s.base_url, c, args.requests, args.max_tokens) for c in (1, 2, 4)}
     print(f"{'clients':>7}  {'drafter':>12}  {'TTFT median':>11}  {'tokens/s median':>15}")

@@ -160,3 +160,15 @@ def test_a_corrupt_draft_is_dropped_and_the_ngram_lookup_goes_on() -> None:
     stats = Stats.of(events)
     assert "model" not in stats.by_drafter  # nothing the corrupt draft proposed was verified
     assert stats.by_drafter["ngram"][0] > 0 and len(gen.result.token_ids) == 60
+
+
+def test_without_calibration_it_times_a_plain_decode_before_drafting() -> None:
+    """No calibration (SPECDEC_CALIBRATE=0): nothing prices a step until a single decode is timed.
+    Before the fix every choice looked free, so it drafted forever at half the target's speed."""
+    target = FakeModel(V, 512, seed=4, **EXPENSIVE)
+    draft = FakeModel(V, 512, seed=4, noise=0.1, call_cost=0.5, token_cost=0.5)
+    res, stats = run(target, draft, AutoState())  # no costs at all
+    assert res.token_ids == greedy_reference(FakeModel(V, 512, seed=4), PROMPT, 80)[0]
+    assert stats.plain_steps >= BatchCosts.MIN_SAMPLES
+    # once measured, batches cost b single decodes and a draft token half a target token: plain wins
+    assert stats.plain_steps >= stats.steps - 4, stats.by_drafter

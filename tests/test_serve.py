@@ -378,3 +378,16 @@ def test_signal_finishes_or_cancels_and_exits_zero(sig: signal.Signals) -> None:
                   if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["finish_reason"]]  # fmt: skip
         assert finish == ["length"]
         assert "Traceback" not in "".join(s.stderr) and "ERROR" not in "".join(s.stderr), s.stderr
+
+
+def test_readme_client_example_runs(server: LiveServer) -> None:
+    """The README's openai snippet, pointed at this server, runs as written."""
+    import re
+    import sys
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "OpenAI(base_url" in b)
+    snippet = snippet.replace("http://127.0.0.1:8000/v1", server.base_url)
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()

@@ -119,6 +119,11 @@ class AutoDrafter:
         note, self._note = self._note, None
         ng = self.ngram.propose(req)
         self.shadow.propose(len(req.context), ng.tokens)
+        if s.costs.one is None:
+            # Nothing prices a step until a single-token decode has been timed (no calibration):
+            # decode plainly until it has been (MIN_SAMPLES steps), or every choice would look free.
+            self._choice = "plain"
+            return Proposal(k=0, predicted_speedup=1.0, note=note)
         j, v_ng = best_length(self.shadow.acceptance, s.costs, len(ng.tokens))
         choice, value = "plain", 1.0
         if j and v_ng > value:
