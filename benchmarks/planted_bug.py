@@ -23,8 +23,10 @@ from tests import distribution
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", "--samples", type=int, default=1200)
-    ap.add_argument("--drafter", choices=("model", "ngram"), default="model")
+    ap.add_argument("--drafter", choices=("model", "ngram", "cross"), default="model")
     args = ap.parse_args()
+    if args.drafter == "cross":
+        return cross(args.samples)
     target_path = packaged.smollm2_path()
     target = Model(target_path, n_ctx=512, n_threads=2)
     drafter: Drafter
@@ -46,6 +48,26 @@ def main() -> int:
         for r in rs:
             verdict = "pass" if r.pvalue > distribution.P_THRESHOLD else "FAIL"
             print(f"{label:32s} position {r.position}: n={r.n:5d} bins={r.bins:3d} p={r.pvalue:.3g} -> {verdict}")
+    caught = any(r.pvalue <= distribution.P_THRESHOLD for r in bad)
+    print("the test catches the planted bug" if caught else "the test MISSES the planted bug")
+    return 0 if caught else 1
+
+
+def cross(samples: int) -> int:
+    """Token-level intersection (Gemma target, SmolLM2 draft); the planted bug: q' not renormalised."""
+    from specdec_cli.engine.cross import CrossDrafter, CrossVocab
+
+    target = Model(packaged.gemma3_path(), n_ctx=512, n_threads=2)
+    draft = Model(packaged.smollm2_path(), n_ctx=512, n_threads=2)
+    vocab = CrossVocab.build(target, draft)
+    from tests.test_cross import CROSS_PROMPT
+
+    ok = distribution.run(target, CrossDrafter(target, draft, vocab), samples, text=CROSS_PROMPT)
+    bad = distribution.run(target, CrossDrafter(target, draft, vocab, renormalise=False), samples, text=CROSS_PROMPT)
+    for label, rs in (("q' renormalised", ok), ("planted bug (q' not renormalised)", bad)):
+        for r in rs:
+            verdict = "pass" if r.pvalue > distribution.P_THRESHOLD else "FAIL"
+            print(f"{label:34s} position {r.position}: n={r.n:5d} bins={r.bins:3d} p={r.pvalue:.3g} -> {verdict}")
     caught = any(r.pvalue <= distribution.P_THRESHOLD for r in bad)
     print("the test catches the planted bug" if caught else "the test MISSES the planted bug")
     return 0 if caught else 1

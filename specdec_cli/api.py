@@ -46,6 +46,7 @@ from specdec_cli.engine.config import (
     validate_ngram,
     validate_runtime,
 )
+from specdec_cli.engine.cross import CrossDrafter, CrossVocab
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Step
 from specdec_cli.engine.model import Model
@@ -168,6 +169,7 @@ class Speculator:
         drafter: str,
         ngram: tuple[int, int],
         n_threads: int | None,
+        cross: bool = False,
     ) -> None:
         self.choice = choice
         self.target = target
@@ -177,6 +179,9 @@ class Speculator:
         self.n_threads = n_threads
         self.draft_broken: str | None = None  # set when the draft model produced non-finite logits
         self.warnings: list[str] = []  # about how it was loaded (threads capped, context past training length)
+        self.notes: list[str] = []  # for the user, once (drafting across tokenizers)
+        self.cross = cross  # the draft has a different tokenizer (engine/cross.py)
+        self._cross_vocab: CrossVocab | None = None
         self._auto: AutoState | None = None  # what the auto drafter learned, kept across generations
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
@@ -288,20 +293,30 @@ class Speculator:
         """One fresh drafter per generation (the models, and so their caches, are shared)."""
         inner: Drafter
         if kind == AUTO:
-            model = None
+            model: ModelDrafter | CrossDrafter | None = None
             if self.draft is not None and not self.draft_broken:
-                model = ModelDrafter(self.draft, config.draft_p_min, window=WINDOW)
+                model = self._model_drafter(config, window=WINDOW)
             state = self._reproducible_auto_state(config.draft_max) if config.reproducible else self.auto_state(
                 config.draft_max
             )
             return AutoDrafter(NgramDrafter(*self.ngram), model, config.draft_max, state, self.choice.draft_max)
         if kind == MODEL and self.draft is not None:
-            inner = ModelDrafter(self.draft, config.draft_p_min)
+            inner = self._model_drafter(config)
         elif kind == NGRAM:
             inner = NgramDrafter(*self.ngram)
         else:
             return None
         return compose(inner, config)
+
+    def _model_drafter(self, config: GenerationConfig, window: int | None = None) -> ModelDrafter | CrossDrafter:
+        assert self.draft is not None
+        if not self.cross:
+            return ModelDrafter(self.draft, config.draft_p_min, window=window)
+        if self._cross_vocab is None:
+            self._cross_vocab = CrossVocab.build(self.target, self.draft)
+        # the window is in tokens; the cross drafter re-reads text: about 4 characters a token
+        return CrossDrafter(self.target, self.draft, self._cross_vocab, config.draft_p_min,
+                            window=None if window is None else 4 * window)  # fmt: skip
 
     def _settings(self, o: GenerateOptions, kind: str, config: GenerationConfig, used_chat: bool) -> dict[str, Any]:
         drafting = kind != NONE
@@ -377,10 +392,15 @@ def load(
         warnings.append(f"--threads {n_threads} is more than the {cores} cores this process may use: using {cores}")
         n_threads = cores
     model_mod.set_verbose(verbose)
-    t, d = runner.load_pair(
+    t, d, cross = runner.load_pair(
         choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers
     )
-    spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads)
+    spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross)
     spec.warnings = [*warnings, *t.warnings, *(d.warnings if d is not None else [])]
+    if cross and d is not None:
+        spec.notes.append(
+            f"{d.name} has a different tokenizer from {t.name}: drafting across tokenizers "
+            "(greedy drafts are re-tokenized as text; sampled drafts come from the shared tokens)"
+        )
     return spec
 

@@ -90,7 +90,10 @@ def calibrate(target: Model, draft: Model | None, threads: int | None, max_batch
         return None  # a context this small leaves no room to measure: start from the defaults
     probe = base[-max_batch:]
     one, relative = batch_costs(target, base, probe, max_batch, repeats=5)
-    draft_one = draft_token_seconds(draft, base, probe[0]) if draft is not None else None
+    draft_one = None
+    if draft is not None:  # in the draft's own tokens of the same text (its tokenizer may differ)
+        d_base = draft.tokenize(BASE_TEXT, add_special=True, parse_special=False)[: max(room, 1)]
+        draft_one = draft_token_seconds(draft, d_base[:-1], d_base[-1])
     target.rollback(0)
     if draft is not None:
         draft.rollback(0)

@@ -21,11 +21,23 @@ if TYPE_CHECKING:
 
 COMPATIBLE = "compatible"
 PADDED = "compatible (padded)"
+CROSS = "compatible (different tokenizers)"
 INCOMPATIBLE = "incompatible"
+MIN_INTERSECTION = 256  # token texts the two vocabularies must share for a draft to propose anything
 
 MAX_SIZE_DIFFERENCE = 128
 CHECK_START_ID = 5
 VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: "PLaMo2"}
+
+
+@dataclass(frozen=True)
+class CrossFacts:
+    """What drafting across tokenizers has to work with (engine/cross.py)."""
+
+    intersection: int  # draft tokens whose text is exactly one target token
+    draft_vocab: int
+    probe_share: float  # of the probe texts' target tokens, the share inside the intersection
+    modes: tuple[str, ...]  # "greedy" (re-tokenized drafts), "sampling" (token-level intersection)
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class Verdict:
     reason: str
     differing_ids: int = 0
     first_differences: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    cross: CrossFacts | None = None
 
     @property
     def ok(self) -> bool:
@@ -83,6 +96,34 @@ def check(target: VocabInfo, draft: VocabInfo, *, max_examples: int = 5) -> Verd
     if gap:
         return Verdict(PADDED, f"vocabularies equal up to id {n - 1}; sizes differ by {gap} tokens at the end")
     return Verdict(COMPATIBLE, "identical vocabularies")
+
+
+def cross_check(target: Any, draft: Any, same: Verdict) -> Verdict:
+    """The verdict for vocabularies that differ (`same` says how): can the draft propose across them?
+
+    `target`/`draft` are engine Models (vocabulary-only is enough).
+    """
+    from specdec_cli.engine.cross import CrossVocab
+
+    vocab = CrossVocab.build(target, draft)
+    if vocab.size < MIN_INTERSECTION:
+        return dataclasses.replace(
+            same,
+            reason=f"{same.reason}, and only {vocab.size} of the draft's token texts are target tokens "
+            f"(at least {MIN_INTERSECTION} are needed to draft across tokenizers)",
+        )
+    inside = set(vocab.draft_to_target[vocab.draft_to_target >= 0].tolist())
+    ids = [t for text in PROBES.values() for t in target.tokenize(text, add_special=False, parse_special=False)]
+    share = sum(t in inside for t in ids) / max(len(ids), 1)
+    facts = CrossFacts(vocab.size, draft.n_vocab, share, ("greedy", "sampling"))
+    return Verdict(
+        CROSS,
+        f"different tokenizers ({same.reason}); {vocab.size:,} of the draft's {draft.n_vocab:,} token texts are "
+        f"target tokens: drafts are re-tokenized (greedy) or drawn from that intersection (sampling)",
+        same.differing_ids,
+        same.first_differences,
+        facts,
+    )
 
 
 # ---------------------------------------------------------------- the report
@@ -149,6 +190,8 @@ class PairReport:
         payload: dict[str, Any] = _plain(dataclasses.asdict(self))
         payload["verdict"] = self.verdict.verdict
         payload["reason"] = self.verdict.reason
+        c = self.verdict.cross
+        payload["cross"] = None if c is None else _plain(dataclasses.asdict(c))
         payload["fits_in_memory"] = self.fits
         payload["probe"] = _plain(dataclasses.asdict(probe)) if probe else None
         return payload
@@ -216,6 +259,8 @@ def inspect_pair(target_path: Path, draft_path: Path, ctx_size: int) -> PairRepo
         ti, di = tm.info(), dm.info()
         ts, ds = GGUFSummary.from_info(ti), GGUFSummary.from_info(di)
         verdict = check(tv, dv)
+        if not verdict.ok:
+            verdict = cross_check(tm, dm, verdict)
         template = ti.chat_template
         try:
             trips = round_trips(tm, dm, template)

@@ -82,20 +82,33 @@ def run_probe(spec: Speculator, *, n_tokens: int = 48) -> ProbeResult:
     # Target alone: its greedy output (the path to score the draft on) and its speed.
     base = [spec.generate(p, drafter=NONE, max_tokens=n_tokens) for p in prompts]
     agree = total = 0
-    for prompt, g in zip(prompts, base, strict=True):
-        path = g.token_ids
-        if not path:
-            continue
-        draft.prefill(prompt.ids[:-1])
-        rows = draft.decode([prompt.ids[-1], *path[:-1]], n_logits=len(path))
-        agree += int(np.count_nonzero(rows.argmax(axis=1) == np.asarray(path)))
-        total += len(path)
+    if spec.cross:
+        # Different tokenizers: the draft's argmax is not a target token; score one-token drafts
+        # (re-tokenized as the drafter does) verified by the target, along the same greedy paths.
+        for p in prompts:
+            one = spec.generate(p, drafter=MODEL, draft_max=1, adaptive=False, max_tokens=n_tokens)
+            agree += one.stats.accepted
+            total += one.stats.drafted
+    else:
+        for prompt, g in zip(prompts, base, strict=True):
+            path = g.token_ids
+            if not path:
+                continue
+            draft.prefill(prompt.ids[:-1])
+            rows = draft.decode([prompt.ids[-1], *path[:-1]], n_logits=len(path))
+            agree += int(np.count_nonzero(rows.argmax(axis=1) == np.asarray(path)))
+            total += len(path)
     a = agree / total if total else 0.0
 
     # Costs, in units of one target token.
     ctx, probe_ids = prompts[0].ids, prompts[-1].ids[: MAX_K + 1]
     t1, verify = batch_costs(target, ctx, probe_ids, MAX_K + 1)
-    d1 = median_decode_seconds(draft, ctx, probe_ids[:1], 15)
+    if spec.cross:  # the draft reads its own tokens of the same text
+        ctx_text = target.detokenize(ctx)
+        d_ctx = draft.tokenize(ctx_text, add_special=True, parse_special=False)
+        d1 = median_decode_seconds(draft, d_ctx, d_ctx[-1:], 15)
+    else:
+        d1 = median_decode_seconds(draft, ctx, probe_ids[:1], 15)
     preds = predict(a, d1 / t1, verify)
     best = max(preds, key=lambda p: p.speedup)
 

@@ -77,6 +77,8 @@ def check_pair(target: Path, draft: Path) -> pairs.Verdict:
     """Compare vocabularies only (fast): refuse an incompatible pair before loading weights."""
     with Model(target, vocab_only=True) as t, Model(draft, vocab_only=True) as d:
         verdict = pairs.check(t.vocab_info(), d.vocab_info())
+        if not verdict.ok:
+            verdict = pairs.cross_check(t, d, verdict)
     if not verdict.ok:
         first = verdict.first_difference()
         detail = f"; the first differing token is {first}" if first else ""
@@ -89,10 +91,14 @@ def check_pair(target: Path, draft: Path) -> pairs.Verdict:
 
 def load_pair(
     choice: ModelChoice, *, n_ctx: int, n_threads: int | None, gpu_layers: int, draft_gpu_layers: int
-) -> tuple[Model, Model | None]:
-    """Both models, or neither: a draft that fails to load frees the target."""
+) -> tuple[Model, Model | None, bool]:
+    """Both models, or neither: a draft that fails to load frees the target.
+
+    The flag says whether the draft has a different tokenizer (it drafts across them).
+    """
+    cross = False
     if choice.draft is not None and choice.draft.resolve() != choice.target.resolve():
-        check_pair(choice.target, choice.draft)
+        cross = check_pair(choice.target, choice.draft).verdict == pairs.CROSS
     target = Model(choice.target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=gpu_layers)
     try:
         draft = None
@@ -101,7 +107,7 @@ def load_pair(
     except BaseException:
         target.close()
         raise
-    return target, draft
+    return target, draft, cross
 
 
 def chat_messages(prompt: str, system: str | None, history: Sequence[Mapping[str, str]] = ()) -> list[dict[str, str]]:

@@ -123,11 +123,10 @@ def test_truncated_gguf(truncated_gguf: Path, smol_path: Path) -> None:
     assert_one_line_error(res, 1, "truncated")
 
 
-def test_incompatible_pair_names_first_difference(smol_path: Path, gemma_path: Path) -> None:
-    res = run("hi", "--target", str(smol_path), "--draft", str(gemma_path), *FAST)
-    assert_one_line_error(
-        res, 1, "cannot speculate together", "vocabulary types differ", "first differing token is id ", "pair-check"
-    )
+def test_a_pair_with_different_tokenizers_is_accepted_with_a_note(smol_path: Path, gemma_path: Path) -> None:
+    res = run("hi", "--target", str(smol_path), "--draft", str(gemma_path), "-n", "4", *FAST)
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("drafting across tokenizers") == 1
 
 
 def test_prompt_longer_than_context() -> None:

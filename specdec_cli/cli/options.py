@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -220,6 +221,8 @@ def load(
     )
     for message in spec.warnings:
         warning(message)
+    for message in spec.notes:
+        sys.stderr.write(f"Note: {message}\n")
     return spec
 
 

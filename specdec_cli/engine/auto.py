@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specdec_cli.engine.config import AUTO, MODEL, NGRAM
+from specdec_cli.engine.cross import CrossDrafter
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, ModelDrafter, NgramDrafter, Outcome, Proposal
 from specdec_cli.engine.estimates import (
     Acceptance,
@@ -79,7 +80,7 @@ class AutoDrafter:
     def __init__(
         self,
         ngram: NgramDrafter,
-        model: ModelDrafter | None,
+        model: ModelDrafter | CrossDrafter | None,
         k_max: int,
         state: AutoState,
         model_k_max: int | None = None,

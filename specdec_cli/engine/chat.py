@@ -68,6 +68,13 @@ def _check_format(fmt: Any) -> None:
                 raise _Stop(f"a format width of {m.group(1)} is past the template bound ({MAX_CHARS:,})")
 
 
+def _bounded_join(parts: tuple[Any, ...]) -> str:
+    texts = [p if isinstance(p, str) else str(p) for p in parts]
+    if sum(len(t) for t in texts) > MAX_CHARS:
+        raise _Stop(f"a concatenation (~) is past the template bound ({MAX_CHARS:,})")
+    return "".join(texts)
+
+
 def _check_growth(name: str, owner: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """What a str method or filter would build, refused before it is built; returns the arguments to use."""
     if not isinstance(owner, str):
@@ -150,7 +157,21 @@ def _environment() -> Any:
                 _check_format(value.__self__)
             return wrapped
 
+    from jinja2.compiler import CodeGenerator
+
+    class BoundedConcat(CodeGenerator):
+        """`a ~ b` through a bounded join (string doubling in a loop is the cheapest way to fill memory)."""
+
+        def visit_Concat(self, node: Any, frame: Any) -> None:
+            self.write("environment.bounded_join((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    BoundedSandbox.code_generator_class = BoundedConcat
     env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
+    env.bounded_join = _bounded_join  # type: ignore[attr-defined]
     env.filters = {name: _guarded(fn) for name, fn in env.filters.items()}
 
     def raise_exception(message: str) -> Any:

@@ -258,6 +258,7 @@ class Model:
         self._pieces: dict[int, bytes] = {}
         self._eog: frozenset[int] | None = None
         self._controls: ControlTexts | None = None
+        self._control_ids: frozenset[int] | None = None
         self.n_ctx = 0
         if vocab_only:
             return
@@ -374,17 +375,20 @@ class Model:
 
         return SpecialTexts(text(bos), text(eos), bool(C.llama_vocab_get_add_bos(v)))
 
+    def control_ids(self) -> frozenset[int]:
+        """Ids of the CONTROL tokens (BOS, EOS, turn markers, unused slots)."""
+        if self._control_ids is None:
+            C = self._C  # noqa: N806
+            v = self._vocab
+            self._control_ids = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_get_attr(v, i) & (1 << 3))
+        return self._control_ids
+
     def control_texts(self) -> ControlTexts:
         """Texts of the CONTROL tokens: the only ones llama.cpp parses specially (and only when asked)."""
         if self._controls is None:
             C = self._C  # noqa: N806
             v = self._vocab
-            control = 1 << 3  # LLAMA_TOKEN_ATTR_CONTROL
-            texts = (
-                (C.llama_vocab_get_text(v, i) or b"").decode("utf-8", "replace")
-                for i in range(self.n_vocab)
-                if C.llama_vocab_get_attr(v, i) & control
-            )
+            texts = ((C.llama_vocab_get_text(v, i) or b"").decode("utf-8", "replace") for i in sorted(self.control_ids()))
             self._controls = ControlTexts.of(texts)
         return self._controls
 

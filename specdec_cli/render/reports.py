@@ -21,7 +21,12 @@ if TYPE_CHECKING:
     from specdec_cli.probe import ProbeResult
 
 # ---------------------------------------------------------------- pair-check
-VERDICT_STYLE = {"compatible": "bold green", "compatible (padded)": "bold yellow", "incompatible": "bold red"}
+VERDICT_STYLE = {
+    "compatible": "bold green",
+    "compatible (padded)": "bold yellow",
+    "compatible (different tokenizers)": "bold yellow",
+    "incompatible": "bold red",
+}
 
 
 def _b(x: bytes) -> str:
@@ -85,6 +90,13 @@ def pair_report(report: PairReport, probe: ProbeResult | None = None, console: C
         f"memory to run both at --ctx-size {report.ctx_size}: {_mb(report.memory_needed)} "
         f"(weights + KV caches); available: {avail}"
     )
+    if v.cross is not None:
+        c = v.cross
+        console.print(
+            f"across tokenizers: {c.intersection:,} of the draft's {c.draft_vocab:,} token texts are target tokens; "
+            f"{c.probe_share:.0%} of the probe texts' target tokens lie in that intersection; "
+            f"modes: {', '.join(c.modes)} (both lossless)"
+        )
     if probe is not None:
         probe_table(console, probe)
     console.print(Text.assemble("verdict: ", (v.verdict, VERDICT_STYLE[v.verdict]), f" ({v.reason})"), soft_wrap=True)
