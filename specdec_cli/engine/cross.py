@@ -93,6 +93,7 @@ class CrossDrafter:
         self.renormalise = renormalise  # False only in the planted-bug test: q' must be renormalised
         self.last_catch_up = (0, 0.0)
         self._seen: list[int] = []
+        self._char_offset = 0  # the draft reads the context's text from this character on
         self._bytes = bytearray()
         self.boundary_misses = 0  # proposals dropped because the lookbehind re-tokenized differently
         self._draft_eog = draft.eog_ids
@@ -120,11 +121,18 @@ class CrossDrafter:
         if len(text) != len(data):
             return None  # the context ends inside a character: draft once it is complete
         s = text.decode("utf-8", "replace")
-        if self.window is not None and len(s) > self.window:
-            s = s[-self.window :]
-        return self.model.tokenize(s, add_special=True, parse_special=False)
+        if len(s) < self._char_offset:
+            self._char_offset = 0  # a new text
+        ids = self.model.tokenize(s[self._char_offset :], add_special=True, parse_special=False)
+        if self.window is not None and len(ids) - self.model.common_prefix(ids) > self.window // 4:
+            # Far behind (the auto drafter paused it): re-read only the last `window` characters.
+            # The offset then stays put, so the next steps reuse the cache through the common prefix.
+            self._char_offset = max(0, len(s) - self.window)
+            ids = self.model.tokenize(s[self._char_offset :], add_special=True, parse_special=False)
+        return ids
 
     def begin(self, prompt: Sequence[int]) -> None:
+        self._char_offset = 0
         ids = self._draft_ids(prompt)
         if ids and len(ids) > 1:
             self.model.prefill(ids[:-1])
