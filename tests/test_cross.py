@@ -165,3 +165,17 @@ def test_run_accepts_the_pair_and_says_so_once(gemma_path: Path, smol_path: Path
     alone = CliRunner().invoke(app, [*base, "--no-draft"])
     assert json.loads(res.stdout)["token_ids"] == json.loads(alone.stdout)["token_ids"]
     assert json.loads(res.stdout)["stats"]["drafted"] > 0
+
+
+def test_api_auto_and_model_drafters_on_the_cross_pair(gemma_path: Path, smol_path: Path) -> None:
+    """Through the API (which builds the cross drafter itself), greedy output is the target's for every drafter."""
+    from specdec_cli import api
+
+    with api.load(gemma_path, smol_path, n_ctx=512, n_threads=2) as spec:
+        assert spec.cross and any("different tokenizer" in n for n in spec.notes)
+        outputs = {d: spec.generate(PROMPTS["prose"], chat=False, max_tokens=N_TOKENS, drafter=d)
+                   for d in ("none", "model", "auto", "ngram")}  # fmt: skip
+    alone = outputs.pop("none").token_ids
+    for drafter, g in outputs.items():
+        assert g.token_ids == alone, drafter
+    assert outputs["model"].stats.drafted > 0
