@@ -66,18 +66,19 @@ def test_hostile_template_ends_in_one_clear_error(name: str) -> None:
 def test_hostile_templates_stay_within_memory_bounds() -> None:
     """All of them in a fresh process: its peak memory stays far below what they ask for (GBs)."""
     code = (
-        "import resource, json, sys\n"
+        "import json, sys\n"
         "from specdec_cli.engine import chat\n"
         "for t in json.loads(sys.stdin.read()):\n"
         "    try: chat.render(t, [{'role': 'user', 'content': 'hi'}], bos_token='', eos_token='')\n"
         "    except chat.ChatTemplateError: pass\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+        # VmHWM, not ru_maxrss: ru_maxrss survives fork+exec, so it would report the test runner's peak
+        "print(next(int(x.split()[1]) * 1024 for x in open('/proc/self/status') if x.startswith('VmHWM')))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(list(HOSTILE.values())),
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     peak = int(proc.stdout.strip())
-    assert peak < 1.5e9, f"peak {peak / 1e9:.2f} GB"
+    assert peak < 0.5e9, f"peak {peak / 1e9:.2f} GB"
 
 
 def test_ordinary_templates_are_unchanged(smol: Model) -> None:
