@@ -194,8 +194,12 @@ class Server:
         options = self._options(body)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Delta | Final | Failed] = asyncio.Queue()
+
         def emit(ev: Delta | Final | Failed) -> None:  # from the worker thread
-            loop.call_soon_threadsafe(events.put_nowait, ev)
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
+                pass
 
         job = Job(prompt, options, body.stops(), emit, chat=chat)
         try:
