@@ -44,11 +44,16 @@ def main() -> int:
         bad = distribution.run(target, drafter, args.samples, text=text)
     finally:
         sampling.residual = real_residual
-    for label, rs in (("correct residual", ok), ("planted bug (resample from p)", bad)):
+    return report(("correct residual", ok), ("planted bug (resample from p)", bad))
+
+
+def report(*runs: tuple[str, list[distribution.ChiSquare]]) -> int:
+    """Print each chi-square result; exit 0 only when the second (planted-bug) run fails the test."""
+    for label, rs in runs:
         for r in rs:
             verdict = "pass" if r.pvalue > distribution.P_THRESHOLD else "FAIL"
-            print(f"{label:32s} position {r.position}: n={r.n:5d} bins={r.bins:3d} p={r.pvalue:.3g} -> {verdict}")
-    caught = any(r.pvalue <= distribution.P_THRESHOLD for r in bad)
+            print(f"{label:34s} position {r.position}: n={r.n:5d} bins={r.bins:3d} p={r.pvalue:.3g} -> {verdict}")
+    caught = any(r.pvalue <= distribution.P_THRESHOLD for r in runs[-1][1])
     print("the test catches the planted bug" if caught else "the test MISSES the planted bug")
     return 0 if caught else 1
 
@@ -64,13 +69,7 @@ def cross(samples: int) -> int:
 
     ok = distribution.run(target, CrossDrafter(target, draft, vocab), samples, text=CROSS_PROMPT)
     bad = distribution.run(target, CrossDrafter(target, draft, vocab, renormalise=False), samples, text=CROSS_PROMPT)
-    for label, rs in (("q' renormalised", ok), ("planted bug (q' not renormalised)", bad)):
-        for r in rs:
-            verdict = "pass" if r.pvalue > distribution.P_THRESHOLD else "FAIL"
-            print(f"{label:34s} position {r.position}: n={r.n:5d} bins={r.bins:3d} p={r.pvalue:.3g} -> {verdict}")
-    caught = any(r.pvalue <= distribution.P_THRESHOLD for r in bad)
-    print("the test catches the planted bug" if caught else "the test MISSES the planted bug")
-    return 0 if caught else 1
+    return report(("q' renormalised", ok), ("planted bug (q' not renormalised)", bad))
 
 
 if __name__ == "__main__":

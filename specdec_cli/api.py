@@ -266,6 +266,13 @@ class Speculator:
             return NONE
         return kind
 
+    def draft_tokens(self, ids: Sequence[int]) -> list[int]:
+        """The same text in the draft's tokens: `ids` themselves unless the draft has its own tokenizer."""
+        assert self.draft is not None
+        if not self.cross:
+            return list(ids)
+        return self.draft.tokenize(self.target.detokenize(ids), add_special=True, parse_special=False)
+
     def auto_state(self, k_max: int) -> AutoState:
         """The auto drafter's estimates: calibrated costs to start (calibration.py), then the runs' own."""
         if self._auto is None:

@@ -104,8 +104,7 @@ def run_probe(spec: Speculator, *, n_tokens: int = 48) -> ProbeResult:
     ctx, probe_ids = prompts[0].ids, prompts[-1].ids[: MAX_K + 1]
     t1, verify = batch_costs(target, ctx, probe_ids, MAX_K + 1)
     if spec.cross:  # the draft reads its own tokens of the same text
-        ctx_text = target.detokenize(ctx)
-        d_ctx = draft.tokenize(ctx_text, add_special=True, parse_special=False)
+        d_ctx = spec.draft_tokens(ctx)
         d1 = median_decode_seconds(draft, d_ctx, d_ctx[-1:], 15)
     else:
         d1 = median_decode_seconds(draft, ctx, probe_ids[:1], 15)

@@ -198,9 +198,7 @@ def measure_costs(spec: Speculator, prompt: PromptTokens, k_max: int) -> Costs:
     one, relative = batch_costs(spec.target, base, probe, k_max + 1)
     d = 0.0
     if spec.draft is not None:  # in the draft's own tokens of the same text (its tokenizer may differ)
-        d_base = base
-        if spec.cross:
-            d_base = spec.draft.tokenize(spec.target.detokenize(base), add_special=True, parse_special=False)
+        d_base = spec.draft_tokens(base)
         d = draft_token_seconds(spec.draft, d_base[:-1] or d_base, d_base[-1]) / one
     spec.target.rollback(0)
     if spec.draft is not None:

@@ -188,12 +188,10 @@ class _Budget:
     def __init__(self) -> None:
         self.deadline = time.monotonic() + RENDER_SECONDS
         self.base = _rss()
-        self.events = 0
 
     def check(self) -> None:
         if time.monotonic() > self.deadline:
             raise _Stop(f"rendering took more than {RENDER_SECONDS:g} s")
-        self.events += 1
         if self.base is not None:
             now = _rss()
             if now is not None and now - self.base > MEMORY_GROWTH:

@@ -32,7 +32,7 @@ from specdec_cli.api import GenerateOptions, Speculator
 from specdec_cli.errors import ContextError, SpecdecError, UsageError
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
-from specdec_cli.server.worker import Delta, Failed, Final, Job, QueueFull, Worker, describe
+from specdec_cli.server.worker import Delta, Failed, Final, InternalError, Job, QueueFull, Worker, describe
 
 MAX_BODY_BYTES = 4 * 2**20
 RETRY_AFTER_SECONDS = 5
@@ -361,6 +361,6 @@ def _api_error(error: SpecdecError) -> ApiError:
         return ApiError(400, str(error), param="messages", code="context_length_exceeded")
     if isinstance(error, UsageError):
         return ApiError(400, str(error), code="invalid_value")
-    if error.__class__ is SpecdecError and str(error).startswith("internal error"):
+    if isinstance(error, InternalError):
         return ApiError(500, str(error), type="server_error")
     return ApiError(400, str(error), code="invalid_request")

@@ -29,6 +29,10 @@ class QueueFull(Exception):
     pass
 
 
+class InternalError(SpecdecError):
+    """A bug met while serving a request (a 500), as opposed to the request's own fault."""
+
+
 @dataclass(frozen=True)
 class Delta:
     text: str
@@ -106,7 +110,7 @@ class Worker:
             except SpecdecError as exc:
                 job.emit(Failed(exc))
             except Exception as exc:  # never let one request take the worker down
-                job.emit(Failed(SpecdecError(f"internal error: {type(exc).__name__}: {exc}")))
+                job.emit(Failed(InternalError(f"internal error: {type(exc).__name__}: {exc}")))
             finally:
                 with self._lock:
                     self.running -= 1
