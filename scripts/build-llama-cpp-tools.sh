@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own speculative tools (llama-speculative-simple, llama-lookup)
+# Build llama.cpp's own speculative tools (llama-speculative-simple, llama-lookup) and
+# llama-server (the serve benchmark's reference)
 # from the llama.cpp source inside the llama-cpp-python sdist that specdec uses,
 # with the same CMake flags as the bindings (scripts/cmake-args.sh).
 #   bash scripts/build-llama-cpp-tools.sh [OUT_DIR]      (default: build/llama.cpp)
 # then: specdec bench --llama-cpp-bin build/llama.cpp/bin
+#       .venv/bin/python -m benchmarks.serve_bench --llama-cpp-bin build/llama.cpp/bin
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_CPP_PYTHON_VERSION=0.3.36
@@ -22,8 +24,8 @@ fi
 say "CMAKE_ARGS=$ARGS"
 # shellcheck disable=SC2086
 cmake -S "$SRC/vendor/llama.cpp" -B "$OUT/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF $ARGS >/dev/null
-cmake --build "$OUT/cmake" -j "$(nproc)" --target llama-speculative-simple llama-lookup
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON $ARGS >/dev/null
+cmake --build "$OUT/cmake" -j "$(nproc)" --target llama-speculative-simple llama-lookup llama-server
 mkdir -p "$OUT/bin"
-cp "$OUT"/cmake/bin/llama-speculative-simple "$OUT"/cmake/bin/llama-lookup "$OUT/bin/"
-say "built: $OUT/bin/llama-speculative-simple $OUT/bin/llama-lookup"
+cp "$OUT"/cmake/bin/llama-speculative-simple "$OUT"/cmake/bin/llama-lookup "$OUT"/cmake/bin/llama-server "$OUT/bin/"
+say "built: $OUT/bin/llama-speculative-simple $OUT/bin/llama-lookup $OUT/bin/llama-server"

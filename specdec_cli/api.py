@@ -31,6 +31,7 @@ from typing import Any
 from specdec_cli import runner
 from specdec_cli.engine import model as model_mod
 from specdec_cli.engine.auto import WINDOW, AutoDrafter, AutoState
+from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.config import (
     AUTO,
     DEFAULT_CTX,
@@ -44,6 +45,7 @@ from specdec_cli.engine.config import (
     GenerationConfig,
     check_drafter,
     validate_ngram,
+    validate_parallel,
     validate_runtime,
 )
 from specdec_cli.engine.cross import CrossDrafter, CrossVocab
@@ -111,13 +113,22 @@ class GenerationRun:
     stops it at the next step with both caches consistent.
     """
 
-    def __init__(self, owner: Speculator, gen: SpeculativeGenerator, settings: dict[str, Any], cancel: Any) -> None:
+    def __init__(
+        self, owner: Speculator, gen: SpeculativeGenerator | BatchJob, settings: dict[str, Any], cancel: Any
+    ) -> None:
         self._owner = owner
         self._gen = gen
         self._settings = settings
         self._external = cancel
         self._cancelled = threading.Event()
         self.stats = Stats()
+        # prompt tokens the target's cache already held (a batch job knows once it has a slot)
+        self._n_cached = 0 if isinstance(gen, BatchJob) else owner.target.common_prefix(gen.prompt)
+
+    @property
+    def n_cached(self) -> int:
+        """Prompt tokens the target did not evaluate again (the cache held them: prefix reuse)."""
+        return self._gen.n_cached if isinstance(self._gen, BatchJob) else min(self._n_cached, len(self._gen.prompt) - 1)
 
     def _should_stop(self) -> bool:
         ext = self._external
@@ -131,8 +142,12 @@ class GenerationRun:
         self._cancelled.set()
 
     def events(self) -> Iterator[Event]:
-        if not self._owner._lock.acquire(blocking=False):
-            raise UsageError("this Speculator is already generating: one generation at a time per loaded pair")
+        lock = self._owner._lock if self._owner.parallel == 1 else threading.Lock()  # parallel: any number at once
+        if not lock.acquire(blocking=False):
+            raise UsageError(
+                "this Speculator is already generating: one generation at a time per loaded pair "
+                "(load it with parallel=N for several at once)"
+            )
         try:
             for ev in self._gen.events():
                 self.stats.observe(ev)
@@ -140,7 +155,7 @@ class GenerationRun:
                     self._owner.draft_broken = ev.reason
                 yield ev
         finally:
-            self._owner._lock.release()
+            lock.release()
 
     @property
     def generation(self) -> Generation:
@@ -170,8 +185,12 @@ class Speculator:
         ngram: tuple[int, int],
         n_threads: int | None,
         cross: bool = False,
+        parallel: int = 1,
     ) -> None:
         self.choice = choice
+        self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch.py)
+        self._engine: BatchEngine | None = None
+        self._engine_lock = threading.Lock()
         self.target = target
         self.draft = draft
         self.drafter = drafter  # the default kind for `generate`
@@ -235,6 +254,11 @@ class Speculator:
         config = opts.config(k)
         tokens = self.tokenize(prompt, system=opts.system, chat=opts.chat)
         run: GenerationRun
+        if self.parallel > 1:
+            job = BatchJob(tokens.ids, config, kind, should_stop=lambda: run._should_stop(), k_max=config.draft_max)
+            run = GenerationRun(self, job, self._settings(opts, kind, config, tokens.used_chat), cancel)
+            self.batch_engine().submit(job)
+            return run
         gen = SpeculativeGenerator(self.target, self._make_drafter(kind, config), tokens.ids, config,
                                    should_stop=lambda: run._should_stop())  # fmt: skip
         run = GenerationRun(self, gen, self._settings(opts, kind, config, tokens.used_chat), cancel)
@@ -282,6 +306,20 @@ class Speculator:
             self._auto = starting_state(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1)
             self._auto_start = copy.deepcopy(self._auto)
         return self._auto
+
+    def batch_engine(self) -> BatchEngine:
+        """The engine that steps this Speculator's generations together (parallel > 1), started on first use."""
+        with self._engine_lock:
+            if self._engine is None:
+                from specdec_cli.calibration import parallel_starting_state
+
+                draft = None if self.cross or self.draft_broken else self.draft
+                k = DEFAULT_K[AUTO]
+                state, draft_costs = parallel_starting_state(self.target, draft, self.n_threads,
+                                                             self.parallel * (k + 1), self.parallel)  # fmt: skip
+                self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram,
+                                           model_k_max=self.choice.draft_max, draft_costs=draft_costs)  # fmt: skip
+            return self._engine
 
     def _reproducible_auto_state(self, k_max: int) -> AutoState:
         """For a seeded sampled run: the starting costs every time, learning nothing from timings."""
@@ -348,6 +386,8 @@ class Speculator:
 
     # ------------------------------------------------------------ cleanup
     def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
         self.target.close()
         if self.draft is not None:
             self.draft.close()
@@ -371,6 +411,7 @@ def load(
     draft_gpu_layers: int = 0,
     ngram: tuple[int, int] = DEFAULT_NGRAM,
     verbose: bool = False,
+    parallel: int = 1,
 ) -> Speculator:
     """Load a target and its drafter.
 
@@ -379,8 +420,15 @@ def load(
     "auto" (each step, the n-gram lookup, the draft model or a plain decode,
     whichever the measured costs favour), "model" (the draft model proposes),
     "ngram" (prompt lookup, no draft model), or None/"none" (the target alone).
+
+    `parallel` > 1 gives each model that many sequences of `n_ctx` tokens, and
+    `start`/`generate`/`stream` may then be called from as many threads at once:
+    their generations share each step's target batch (engine/batch.py), each one
+    token-for-token what it would be alone (greedy; sampling keeps the target's
+    distribution, and a seeded sampled generation is decoded without drafts).
     """
     validate_runtime(n_ctx, n_threads)
+    validate_parallel(parallel)
     validate_ngram(*ngram)
     kind = check_drafter(NONE if drafter is None else drafter)
     if target is not None and draft is None and pair is None and runner.is_pair_name(target):
@@ -400,9 +448,12 @@ def load(
         n_threads = cores
     model_mod.set_verbose(verbose)
     t, d, cross = runner.load_pair(
-        choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers
+        choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
+        n_seq=parallel,
     )
-    spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross)
+    spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel)
+    if cross and parallel > 1 and d is not None:
+        spec.notes.append("with --parallel, a draft with another tokenizer is not used: the n-gram lookup drafts")
     spec.warnings = [*warnings, *t.warnings, *(d.warnings if d is not None else [])]
     if cross and d is not None:
         spec.notes.append(

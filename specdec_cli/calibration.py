@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec_cli.engine.auto import AutoState
@@ -28,11 +28,23 @@ VERSION = 1
 BASE_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 
 
+DENSE = 9  # batch sizes up to this are all measured; above it (a parallel server's batches), a few
+SPARSE = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
 @dataclass(frozen=True)
 class Calibration:
     target_one: float  # seconds for one single-token target decode
     relative: dict[int, float]  # c_v(b) for b = 1..max
     draft_one: float | None  # seconds for one single-token draft decode
+    draft_relative: dict[int, float] = field(default_factory=dict)  # the draft's c(b), b = 2..slots (parallel)
+
+
+def sizes_for(max_batch: int) -> list[int]:
+    """The batch sizes calibration measures: every one up to DENSE, then a few, then max_batch."""
+    sizes = list(range(2, min(max_batch, DENSE) + 1))
+    sizes += [b for b in SPARSE if DENSE < b < max_batch]
+    return sizes + ([max_batch] if max_batch > DENSE else [])
 
 
 def _cpu() -> str:
@@ -50,8 +62,9 @@ def _file_key(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
 
 
-def _key(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> str:
-    parts = [f"v{VERSION}", _cpu(), f"threads={threads or usable_cores()}", f"b={max_batch}", _file_key(target.path)]
+def _key(target: Model, draft: Model | None, threads: int | None, max_batch: int, draft_batch: int = 1) -> str:
+    batch = f"b={max_batch}" + (f",d={draft_batch}" if draft_batch > 1 else "")
+    parts = [f"v{VERSION}", _cpu(), f"threads={threads or usable_cores()}", batch, _file_key(target.path)]
     if draft is not None:
         parts.append(_file_key(draft.path))
     return "|".join(parts)
@@ -69,11 +82,14 @@ def _read() -> dict[str, dict]:
         return {}
 
 
-def calibrate(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> Calibration | None:
-    """Cached starting costs for this pair on this machine; None when turned off."""
+def calibrate(
+    target: Model, draft: Model | None, threads: int | None, max_batch: int, draft_batch: int = 1
+) -> Calibration | None:
+    """Cached starting costs for this pair on this machine; None when turned off. `draft_batch` > 1
+    (a parallel server) also measures the draft's batches of up to that many tokens."""
     if os.environ.get("SPECDEC_CALIBRATE", "1") == "0":
         return None
-    key = _key(target, draft, threads, max_batch)
+    key = _key(target, draft, threads, max_batch, draft_batch)
     cached = _read().get(key)
     if cached:
         try:
@@ -81,25 +97,32 @@ def calibrate(target: Model, draft: Model | None, threads: int | None, max_batch
                 float(cached["target_one"]),
                 {int(b): float(c) for b, c in cached["relative"].items()},
                 None if cached.get("draft_one") is None else float(cached["draft_one"]),
+                {int(b): float(c) for b, c in cached.get("draft_relative", {}).items()},
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             pass  # an old or damaged entry: measure again
     room = target.n_ctx - max_batch - 1
-    base = target.tokenize(BASE_TEXT, add_special=True, parse_special=False)[: max(room, 0)]
+    text = BASE_TEXT * (1 + max_batch // 40)
+    base = target.tokenize(text, add_special=True, parse_special=False)[: max(room, 0)]
     if len(base) < max_batch:
         return None  # a context this small leaves no room to measure: start from the defaults
     probe = base[-max_batch:]
-    one, relative = batch_costs(target, base, probe, max_batch, repeats=5)
+    one, relative = batch_costs(target, base, probe, max_batch, repeats=5, sizes=sizes_for(max_batch))
     draft_one = None
+    draft_relative: dict[int, float] = {}
     if draft is not None:  # in the draft's own tokens of the same text (its tokenizer may differ)
-        d_base = draft.tokenize(BASE_TEXT, add_special=True, parse_special=False)[: max(room, 1)]
+        d_base = draft.tokenize(text, add_special=True, parse_special=False)[: max(room, 1)]
         draft_one = draft_token_seconds(draft, d_base[:-1], d_base[-1])
+        if draft_batch > 1 and len(d_base) > draft_batch:
+            d_probe = d_base[-draft_batch:]
+            _, draft_relative = batch_costs(draft, d_base[:-draft_batch], d_probe, draft_batch, repeats=5)
+            draft_relative.pop(1, None)
     target.rollback(0)
     if draft is not None:
         draft.rollback(0)
-    cal = Calibration(one, relative, draft_one)
+    cal = Calibration(one, relative, draft_one, draft_relative)
     data = _read()
-    data[key] = {"target_one": one, "relative": relative, "draft_one": draft_one}
+    data[key] = {"target_one": one, "relative": relative, "draft_one": draft_one, "draft_relative": draft_relative}
     try:
         _store().parent.mkdir(parents=True, exist_ok=True)
         tmp = _store().with_suffix(".tmp")
@@ -112,9 +135,18 @@ def calibrate(target: Model, draft: Model | None, threads: int | None, max_batch
 
 def starting_state(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> AutoState:
     """The auto drafter's estimates before a run has measured anything: the calibration's, if any."""
+    return parallel_starting_state(target, draft, threads, max_batch)[0]
+
+
+def parallel_starting_state(
+    target: Model, draft: Model | None, threads: int | None, max_batch: int, draft_batch: int = 1
+) -> tuple[AutoState, BatchCosts]:
+    """The starting estimates, and the draft's batch costs (rounds that draft for several slots at once)."""
     state = AutoState()
-    cal = calibrate(target, draft, threads, max_batch)
+    draft_costs = BatchCosts(interpolate=True)
+    cal = calibrate(target, draft, threads, max_batch, draft_batch)
     if cal is not None:
-        state.costs = BatchCosts(cal.relative, cal.target_one)
+        state.costs = BatchCosts(cal.relative, cal.target_one, interpolate=max_batch > DENSE)
         state.draft_token_seconds = cal.draft_one
-    return state
+        draft_costs = BatchCosts(cal.draft_relative, cal.draft_one, interpolate=True)
+    return state, draft_costs

@@ -49,6 +49,10 @@ class ModelOutputError(SpecdecError):
     """A model produced logits that are not finite numbers (corrupt weights)."""
 
 
+class InternalError(SpecdecError):
+    """A bug met while generating (a 500 in the server), as opposed to the request's own fault."""
+
+
 def env_directory(variable: str, default: str | os.PathLike[str]) -> Path:
     """A directory named by an environment variable (or the default), refused if it is a file."""
     raw = os.environ.get(variable)

@@ -90,7 +90,7 @@ def check_pair(target: Path, draft: Path) -> pairs.Verdict:
 
 
 def load_pair(
-    choice: ModelChoice, *, n_ctx: int, n_threads: int | None, gpu_layers: int, draft_gpu_layers: int
+    choice: ModelChoice, *, n_ctx: int, n_threads: int | None, gpu_layers: int, draft_gpu_layers: int, n_seq: int = 1
 ) -> tuple[Model, Model | None, bool]:
     """Both models, or neither: a draft that fails to load frees the target.
 
@@ -99,11 +99,13 @@ def load_pair(
     cross = False
     if choice.draft is not None and choice.draft.resolve() != choice.target.resolve():
         cross = check_pair(choice.target, choice.draft).verdict == pairs.CROSS
-    target = Model(choice.target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=gpu_layers)
+    target = Model(choice.target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=gpu_layers, n_seq=n_seq)
     try:
         draft = None
         if choice.draft is not None:
-            draft = Model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers)
+            # drafting across tokenizers is per request (engine/cross.py): a parallel draft is one stream
+            draft = Model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
+                          n_seq=1 if cross else n_seq)  # fmt: skip
     except BaseException:
         target.close()
         raise

@@ -202,7 +202,8 @@ def generate_kwargs(sampling: SamplingOptions, draft: DraftOptions, fixed_k: boo
 
 
 def load(
-    models: ModelOptions, runtime: RuntimeOptions, ngram: NgramOptions, drafter: str, *, no_draft: bool = False
+    models: ModelOptions, runtime: RuntimeOptions, ngram: NgramOptions, drafter: str, *, no_draft: bool = False,
+    parallel: int = 1,
 ) -> Speculator:
     from specdec_cli import api
     from specdec_cli.render import warning
@@ -218,6 +219,7 @@ def load(
         draft_gpu_layers=runtime.draft_gpu_layers,
         ngram=ngram.sizes,
         verbose=runtime.verbose,
+        parallel=parallel,
     )
     for message in spec.warnings:
         warning(message)

@@ -47,13 +47,19 @@ def serve(
                      rich_help_panel="Server", show_default=False),
     ] = None,  # fmt: skip
     max_queue: Annotated[
-        int, typer.Option(help="Requests that may wait for the pair; past this, 503.", rich_help_panel="Server")
+        int, typer.Option(help="Requests that may wait for a slot; past this, 503.", rich_help_panel="Server")
     ] = 8,
+    parallel: Annotated[
+        int,
+        typer.Option("--parallel", "-np", help="Slots: requests generated together, each step one batch "
+                     "(each slot has its own --ctx-size). 1: one at a time.", rich_help_panel="Server"),
+    ] = 4,
 ) -> None:
-    """Serve the pair over an OpenAI-compatible HTTP API (one generation at a time, the rest queued)."""
+    """Serve the pair over an OpenAI-compatible HTTP API (--parallel requests at a time, the rest queued)."""
     import uvicorn
 
     from specdec_cli.api import GenerateOptions
+    from specdec_cli.engine.config import validate_parallel
     from specdec_cli.errors import UsageError
     from specdec_cli.server.app import Server, ServerSettings
 
@@ -65,9 +71,10 @@ def serve(
             raise UsageError(f"--port must be from 0 to 65535, got {port}")
         if max_queue < 0:
             raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
+        validate_parallel(parallel)
         key = api_key or os.environ.get("SPECDEC_API_KEY") or None
         sock = listen(host, port)  # before loading: a port in use is one line, at once
-        with sock, load(models, runtime, ngram, drafting.kind) as spec:
+        with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel) as spec:
             model_id = spec.choice.pair or spec.choice.target.name
             server = Server(spec, ServerSettings(model_id, options, key, max_queue))
             config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
@@ -76,7 +83,8 @@ def serve(
             bound = sock.getsockname()[1]
             drafter = spec.drafter if spec.drafter != "none" else "none (target alone)"
             out.err.write(
-                f"specdec serve: {model_id} (drafter {drafter}) on http://{host}:{bound}/v1"
+                f"specdec serve: {model_id} (drafter {drafter}, {parallel} slot{'s' if parallel > 1 else ''}) "
+                f"on http://{host}:{bound}/v1"
                 f"{' (API key required)' if key else ''}; Ctrl-C stops\n"
             )
             out.err.flush()

@@ -109,6 +109,15 @@ def validate_ngram(n_min: int, n_max: int) -> tuple[int, int]:
     return n_min, n_max
 
 
+MAX_PARALLEL = 64
+
+
+def validate_parallel(parallel: int) -> int:
+    if not 1 <= parallel <= MAX_PARALLEL:
+        raise UsageError(f"--parallel must be from 1 to {MAX_PARALLEL}, got {parallel}")
+    return parallel
+
+
 def validate_runtime(n_ctx: int, n_threads: int | None) -> None:
     if not 8 <= n_ctx <= 2**31 - 1:
         raise UsageError(f"--ctx-size must be from 8 to 2^31-1, got {n_ctx}")

@@ -29,12 +29,14 @@ def median_decode_seconds(m: LanguageModel, base: Sequence[int], batch: Sequence
 
 
 def batch_costs(
-    m: LanguageModel, base: Sequence[int], probe: Sequence[int], max_batch: int, repeats: int = 9
+    m: LanguageModel, base: Sequence[int], probe: Sequence[int], max_batch: int, repeats: int = 9,
+    sizes: Sequence[int] | None = None,
 ) -> tuple[float, dict[int, float]]:
-    """(seconds for one token, {b: cost of a batch of b in single-token units}) for b = 1..max_batch."""
+    """(seconds for one token, {b: cost of a batch of b in single-token units}) for b = 1..max_batch
+    (or for `sizes` only: the large batches a parallel server reaches are measured sparsely)."""
     one = median_decode_seconds(m, base, probe[:1], max(repeats, 15))
     costs = {1: 1.0}
-    for b in range(2, max_batch + 1):
+    for b in sizes if sizes is not None else range(2, max_batch + 1):
         costs[b] = median_decode_seconds(m, base, probe[:b], repeats) / one
     return one, costs
 

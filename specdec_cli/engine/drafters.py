@@ -94,6 +94,22 @@ def check_finite(model: LanguageModel, row: np.ndarray) -> None:
         )
 
 
+def pick(model: LanguageModel, row: np.ndarray, req: DraftRequest, p_min: float) -> tuple[int, Dist] | None:
+    """The draft token after `row` (the draft's logits) and the q it was drawn from; None where
+    the draft's top probability is below `p_min` (the draft stops there)."""
+    check_finite(model, row)
+    if req.sampler.greedy:
+        tok = int(np.argmax(row))
+        # The top token's softmax probability, without materialising the softmax.
+        if p_min > 0.0 and 1.0 / float(np.exp(row - row[tok]).sum()) < p_min:
+            return None
+        return tok, Dist.point(tok)
+    q = process(row, req.sampler)
+    if p_min > 0.0 and q.probs[0] < p_min:
+        return None
+    return sample(q, req.rng), q
+
+
 class ModelDrafter:
     """A smaller model with the same vocabulary, run in its own context.
 
@@ -151,19 +167,10 @@ class ModelDrafter:
         drafted: list[int] = []
         dists: list[Dist] = []
         for j in range(req.k):
-            row = rows[0]
-            check_finite(self.model, row)
-            if req.sampler.greedy:
-                tok = int(np.argmax(row))
-                # The top token's softmax probability, without materialising the softmax.
-                if self.p_min > 0.0 and 1.0 / float(np.exp(row - row[tok]).sum()) < self.p_min:
-                    break
-                q = Dist.point(tok)
-            else:
-                q = process(row, req.sampler)
-                if self.p_min > 0.0 and q.probs[0] < self.p_min:
-                    break
-                tok = sample(q, req.rng)
+            picked = pick(self.model, rows[0], req, self.p_min)
+            if picked is None:
+                break
+            tok, q = picked
             drafted.append(tok)
             dists.append(q)
             if tok in req.stop_ids or j == req.k - 1:

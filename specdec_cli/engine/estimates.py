@@ -117,9 +117,14 @@ class BatchCosts:
     WINDOW = 15
     MIN_SAMPLES = 3
 
-    def __init__(self, prior: Mapping[int, float] | None = None, prior_one: float | None = None) -> None:
+    def __init__(
+        self, prior: Mapping[int, float] | None = None, prior_one: float | None = None, interpolate: bool = False
+    ) -> None:
         self.prior = dict(prior or {})
         self.prior_one = prior_one
+        # True where sizes are known sparsely (a parallel server's calibration): a size between two
+        # known ones is interpolated between them rather than priced by the mean marginal cost.
+        self.interpolate = interpolate
         self.samples: dict[int, RecentMedian] = {}
         self._medians: dict[int, float] = {}
         self._relative: dict[int, float] = {}  # cleared by every observation
@@ -161,6 +166,17 @@ class BatchCosts:
         known.update(measured)
         slopes = [(c - 1.0) / (s - 1) for s, c in known.items()]
         marginal = max(sum(slopes) / len(slopes), 0.0) if slopes else PRIOR_MARGINAL
+        if self.interpolate and known:
+            marks = sorted({1: 1.0, **known}.items())
+            for (s0, c0), (s1, c1) in zip(marks, marks[1:], strict=False):
+                for s in range(s0 + 1, s1):
+                    known[s] = c0 + (c1 - c0) * (s - s0) / (s1 - s0)
+            top, c_top = marks[-1]
+            if len(marks) >= 2:  # past the largest known size: the last segment's slope
+                s_prev, c_prev = marks[-2]
+                slope = max((c_top - c_prev) / (top - s_prev), 0.0)
+                for s in range(top + 1, n + 1):
+                    known[s] = c_top + slope * (s - top)
         floor = 1.0  # monotone: a bigger batch costs at least what a smaller one does
         for s in range(2, n + 1):
             floor = max(floor, known.get(s, 1.0 + marginal * (s - 1)))

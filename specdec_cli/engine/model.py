@@ -210,7 +210,14 @@ class ModelInfo:
 class Model:
     """One GGUF model and (unless `vocab_only`) one llama.cpp context for it.
 
-    The cache is a single sequence; `tokens` lists what it holds, in order.
+    With `n_seq` = 1 the cache is a single sequence and `tokens` lists what it
+    holds, in order. With `n_seq` > 1 (continuous batching, engine/batch.py) the
+    context holds `n_seq` sequences of `n_ctx` tokens each, every one in its own
+    KV stream (llama.cpp's non-unified cache), so a sequence's cells sit where
+    they would if it ran alone and its logits are bit-identical to a solo run's
+    whatever runs beside it; `seq_tokens[s]` lists what sequence s holds, and
+    every cache method takes the sequence (`seq`, default 0). `decode_many`
+    decodes parts of several sequences in one `llama_decode`.
     """
 
     def __init__(
@@ -222,6 +229,7 @@ class Model:
         n_gpu_layers: int = 0,
         n_batch: int = 256,
         vocab_only: bool = False,
+        n_seq: int = 1,
     ) -> None:
         self.path = check_gguf_file(path)
         _install_log_callback()
@@ -230,7 +238,9 @@ class Model:
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
-        self.tokens: list[int] = []
+        self.n_seq = max(1, n_seq)
+        self.seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self.tokens: list[int] = self.seq_tokens[0]
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
         self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
         self.warnings: list[str] = []  # things the user should know about how it was loaded
@@ -263,13 +273,17 @@ class Model:
         if vocab_only:
             return
 
-        self._check_context_fits(n_ctx)
+        n_seq = self.n_seq
+        self._check_context_fits(n_ctx, n_seq)
         threads = n_threads or usable_cores()
         cparams = C.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = n_ctx * n_seq
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = n_seq
+        # One KV stream per sequence: in a unified cache, sequences' cells interleave and the
+        # attention sums run in another order than a solo run's (not bit-identical).
+        cparams.kv_unified = False
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
@@ -292,7 +306,7 @@ class Model:
         self._ctx = ctx
         # llama.cpp may round the context up (to a multiple of 256); the user's
         # --ctx-size is the limit we enforce, so behaviour does not depend on padding.
-        self.n_ctx = min(n_ctx, int(C.llama_n_ctx(ctx)))
+        self.n_ctx = min(n_ctx, int(C.llama_n_ctx_seq(ctx)))
         self.n_batch = n_batch
         self._mem = C.llama_get_memory(ctx)
         self._batch = C.llama_batch_init(n_batch, 0, 1)
@@ -300,11 +314,12 @@ class Model:
         self._b_token = np.ctypeslib.as_array(b.token, shape=(n_batch,))
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
         self._b_logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
+        self._b_seq = np.zeros(n_batch, dtype=np.int32)  # the seq id each batch row holds now
         for i in range(n_batch):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
 
-    def _check_context_fits(self, n_ctx: int) -> None:
+    def _check_context_fits(self, n_ctx: int, n_seq: int = 1) -> None:
         """Refuse a context whose KV cache cannot fit in memory, before llama.cpp tries to allocate it.
 
         llama.cpp allocates the whole cache up front and the kernel overcommits, so
@@ -314,12 +329,13 @@ class Model:
         from specdec_cli.ggufinfo import GGUFSummary, available_memory, human_gb
 
         info = self.info()
-        need = GGUFSummary.from_info(info).kv_cache_bytes(n_ctx)
+        need = GGUFSummary.from_info(info).kv_cache_bytes(n_ctx * n_seq)
         have = available_memory()
-        if n_ctx > MAX_CTX or (have is not None and need > have):
+        if n_ctx * n_seq > MAX_CTX or (have is not None and need > have):
             have_text = f"{human_gb(have)} available" if have is not None else "more than this machine has"
+            slots = f" for each of {n_seq} parallel sequences" if n_seq > 1 else ""
             raise ContextError(
-                f"--ctx-size {n_ctx:,} needs about {human_gb(need)} of KV cache for {self.path.name}, "
+                f"--ctx-size {n_ctx:,}{slots} needs about {human_gb(need)} of KV cache for {self.path.name}, "
                 f"{have_text}: choose a smaller --ctx-size (the model was trained on {info.n_ctx_train:,} tokens)"
             )
         if 0 < info.n_ctx_train < n_ctx:
@@ -458,7 +474,7 @@ class Model:
         return list(arr[:n])
 
     # ---------------------------------------------------------------- decode
-    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logits` of them.
 
         The result is a zero-copy ``(n_logits, n_vocab)`` float32 view of
@@ -470,67 +486,117 @@ class Model:
             raise ValueError("decode needs at least one token")
         if n_logits > n:
             raise ValueError("more logits than tokens requested")
-        if len(self.tokens) + n > self.n_ctx:
-            raise ContextError(f"the context is full: {len(self.tokens)} + {n} tokens > --ctx-size {self.n_ctx}")
         if n_logits > self.n_batch:
             raise ValueError(f"at most {self.n_batch} logits rows per decode, asked for {n_logits}")
-        C = self._C  # noqa: N806
+        self._check_room(seq, n)
         # Chunks of n_batch, aligned so that the last chunk holds every wanted row:
         # llama.cpp's output buffer only keeps the last llama_decode's rows.
         first = n % self.n_batch or self.n_batch
         bounds = [0, *range(first, n + 1, self.n_batch)]
         first_out = n - n_logits  # index in `tokens` of the first wanted row
         for start, end in zip(bounds, bounds[1:], strict=False):
-            chunk = end - start
-            p0 = len(self.tokens)
-            self._b_token[:chunk] = tokens[start:end]
-            self._b_pos[:chunk] = np.arange(p0, p0 + chunk, dtype=np.int32)
-            self._b_logits[:chunk] = 0
-            if end > first_out:
-                self._b_logits[max(first_out, start) - start : chunk] = 1
-            self._batch.n_tokens = chunk
-            t0 = time.perf_counter()
-            ret = C.llama_decode(self._ctx, self._batch)
-            C.llama_synchronize(self._ctx)
-            self.decode_seconds += time.perf_counter() - t0
-            if ret != 0:
-                # llama_decode leaves the cache as it was for a failed ubatch;
-                # resynchronise our view of it before reporting.
-                self._resync()
-                if ret == 1:
-                    raise ContextError(
-                        f"no room left in the KV cache at {len(self.tokens)} tokens (--ctx-size {self.n_ctx})"
-                    )
-                raise UnsupportedModelError(f"llama_decode failed with code {ret}")
-            self.tokens.extend(tokens[start:end])
-            self.decoded_tokens += chunk
-        ptr = C.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+            self._fill(0, seq, tokens[start:end], max(0, end - max(first_out, start)))
+            self._run_batch(end - start, (seq,))
+            self.seq_tokens[seq].extend(tokens[start:end])
+        return self._logits(0, n_logits)
 
-    def _resync(self) -> None:
-        pos_max = int(self._C.llama_memory_seq_pos_max(self._mem, 0))
-        del self.tokens[pos_max + 1 :]
+    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
+        """Decode several sequences' tokens in ONE llama_decode: `parts` are (seq, tokens, n_logits),
+        at most `n_batch` tokens in all, one part per sequence. Returns each part's logits for its
+        last n_logits tokens, as views valid until the next call that decodes."""
+        self._context()
+        total = sum(len(toks) for _, toks, _ in parts)
+        if total > self.n_batch:
+            raise ValueError(f"decode_many takes at most {self.n_batch} tokens, got {total}")
+        if len({s for s, _, _ in parts}) != len(parts):
+            raise ValueError("decode_many takes one part per sequence")
+        row = 0
+        for seq, toks, n_logits in parts:
+            if not 0 <= n_logits <= len(toks):
+                raise ValueError("more logits than tokens requested")
+            self._check_room(seq, len(toks))
+            self._fill(row, seq, toks, n_logits)
+            row += len(toks)
+        if row:
+            self._run_batch(row, tuple(s for s, _, _ in parts))
+        out, first = [], 0
+        for seq, toks, n_logits in parts:
+            self.seq_tokens[seq].extend(toks)
+            out.append(self._logits(first, n_logits))
+            first += n_logits
+        return out
 
-    def rollback(self, n_keep: int) -> None:
+    def _check_room(self, seq: int, n: int) -> None:
+        held = len(self.seq_tokens[seq])
+        if held + n > self.n_ctx:
+            raise ContextError(f"the context is full: {held} + {n} tokens > --ctx-size {self.n_ctx}")
+
+    def _fill(self, row: int, seq: int, tokens: Sequence[int], n_logits: int) -> None:
+        """Write `tokens` of sequence `seq` into batch rows from `row`, logits for the last n_logits."""
+        n = len(tokens)
+        p0 = len(self.seq_tokens[seq])
+        end = row + n
+        self._b_token[row:end] = tokens
+        self._b_pos[row:end] = np.arange(p0, p0 + n, dtype=np.int32)
+        self._b_logits[row:end] = 0
+        if n_logits:
+            self._b_logits[end - n_logits : end] = 1
+        if self.n_seq > 1:
+            seq_id = self._batch.seq_id
+            for i in np.flatnonzero(self._b_seq[row:end] != seq) + row:
+                seq_id[i][0] = seq
+            self._b_seq[row:end] = seq
+
+    def _run_batch(self, n_tokens: int, seqs: tuple[int, ...]) -> None:
+        C = self._C  # noqa: N806
+        self._batch.n_tokens = n_tokens
+        t0 = time.perf_counter()
+        ret = C.llama_decode(self._ctx, self._batch)
+        C.llama_synchronize(self._ctx)
+        self.decode_seconds += time.perf_counter() - t0
+        if ret != 0:
+            # llama_decode leaves the cache as it was for a failed ubatch;
+            # resynchronise our view of it before reporting.
+            for seq in seqs:
+                self._resync(seq)
+            if ret == 1:
+                held = max(len(self.seq_tokens[s]) for s in seqs)
+                raise ContextError(f"no room left in the KV cache at {held} tokens (--ctx-size {self.n_ctx})")
+            raise UnsupportedModelError(f"llama_decode failed with code {ret}")
+        self.decoded_tokens += n_tokens
+
+    def _logits(self, first: int, n_logits: int) -> np.ndarray:
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = self._C.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(first + n_logits, self.n_vocab))[first:]
+
+    def _resync(self, seq: int = 0) -> None:
+        pos_max = int(self._C.llama_memory_seq_pos_max(self._mem, seq))
+        del self.seq_tokens[seq][pos_max + 1 :]
+
+    def rollback(self, n_keep: int, seq: int = 0) -> None:
         """Forget every cached position from `n_keep` on."""
-        if n_keep >= len(self.tokens):
+        tokens = self.seq_tokens[seq]
+        if n_keep >= len(tokens):
             return
         self._context()
-        ok = self._C.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+        ok = self._C.llama_memory_seq_rm(self._mem, seq, n_keep, -1)
         if not ok:
             raise UnsupportedModelError(
                 f"{self.path.name}: this architecture cannot roll its cache back "
                 "(recurrent or hybrid model); speculative decoding needs that, "
                 "so run it with --no-draft"
             )
-        del self.tokens[n_keep:]
+        del tokens[n_keep:]
 
-    def common_prefix(self, tokens: Sequence[int]) -> int:
+    def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
         """How many leading tokens the cache already holds (called every step: no Python loop)."""
-        n = min(len(tokens), len(self.tokens))
-        if self.tokens[:n] == list(tokens[:n]):
+        held = self.seq_tokens[seq]
+        n = min(len(tokens), len(held))
+        if held[:n] == list(tokens[:n]):
             return n
-        diff = np.flatnonzero(np.asarray(self.tokens[:n]) != np.asarray(tokens[:n]))
+        diff = np.flatnonzero(np.asarray(held[:n]) != np.asarray(tokens[:n]))
         return int(diff[0])
 
     def sync(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
@@ -543,17 +609,18 @@ class Model:
         self.rollback(keep)
         return self.decode(tokens[keep:], n_logits)
 
-    def prefill(self, tokens: Sequence[int]) -> None:
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
         """Make the cache hold exactly `tokens` (no logits needed); reuse the common prefix."""
-        keep = self.common_prefix(tokens)
-        self.rollback(keep)
+        keep = self.common_prefix(tokens, seq)
+        self.rollback(keep, seq)
         if keep < len(tokens):
-            self.decode(tokens[keep:], n_logits=1)
+            self.decode(tokens[keep:], n_logits=1, seq=seq)
 
     def reset(self) -> None:
         self._context()
         self._C.llama_memory_clear(self._mem, True)
-        self.tokens.clear()
+        for tokens in self.seq_tokens:
+            tokens.clear()
 
     # --------------------------------------------------------------- cleanup
     def close(self) -> None:

@@ -17,9 +17,21 @@ import numpy as np
 class LanguageModel(Protocol):
     n_vocab: int
     n_ctx: int
-    tokens: list[int]
-    decode_seconds: float  # time spent inside decode, for stats
-    decoded_tokens: int  # tokens evaluated so far (shows cache reuse)
+
+    @property
+    def tokens(self) -> list[int]:
+        """What the cache holds, in order."""
+        ...
+
+    @property
+    def decode_seconds(self) -> float:
+        """Time spent inside decode, for stats."""
+        ...
+
+    @property
+    def decoded_tokens(self) -> int:
+        """Tokens evaluated so far (shows cache reuse)."""
+        ...
 
     @property
     def name(self) -> str:

@@ -152,52 +152,66 @@ class SpeculativeGenerator:
                         proposal = item
                 t_draft = drafter.decode_seconds() - td0
                 t_sample = time.perf_counter() - t0 - t_draft
-            drafted, q_dists = proposal.tokens, proposal.dists
+            drafted = proposal.tokens
 
             tt0 = target.decode_seconds
             rows = target.decode([context[-1], *drafted], n_logits=len(drafted) + 1)
             t_target = target.decode_seconds - tt0
-            if not rows_finite(rows):
-                target.rollback(n_cached)
-                raise ModelOutputError(
-                    f"the target model {target.name} produced non-finite logits (NaN or infinity) "
-                    f"at position {n_cached}: its weights are probably corrupt; re-download or re-convert it"
-                )
-            t0 = time.perf_counter()
-            if cfg.sampler.greedy:
-                n_acc, nxt = verify_greedy(rows.argmax(axis=1), drafted)
-            else:
-                n_acc, nxt = verify_sampled(partial(_row_dist, rows, cfg.sampler), drafted, q_dists, self.rng)
-            t_sample += time.perf_counter() - t0
-            target.rollback(n_cached + 1 + n_acc)
-
-            new = drafted[:n_acc] + [nxt]
-            emitted, stop = self._emit(new, [DRAFT] * n_acc + [TARGET])
-            # Tokens consumed: the emitted ones plus the stop token, if it was a draft.
-            consumed_drafts = min(n_acc, len(emitted) + (1 if stop == "eos" else 0))
-            context.extend(new)
+            step, n_acc = self.verify(index, context, proposal, rows, (t_step, t_draft, t_target, t_sample))
             if self.drafter is not None:
                 self.drafter.accept(Outcome(context, proposal, n_acc, t_target))
-            step = Step(
-                index=index,
-                k=proposal.k,
-                drafted=tuple(drafted),
-                n_accepted=consumed_drafts,
-                emitted=tuple(emitted),
-                t_draft=t_draft,
-                t_target=t_target,
-                t_sample=t_sample,
-                t_other=max(0.0, time.perf_counter() - t_step - t_draft - t_target - t_sample),
-                stop=stop,
-                drafter=proposal.source if drafted else None,
-                predicted_speedup=proposal.predicted_speedup,
-                note=proposal.note,
-            )
-            res.steps.append(step)
             yield step
-            if stop:
-                res.stop_reason = stop
+            if step.stop:
+                res.stop_reason = step.stop
                 return
+
+    def verify(
+        self, index: int, context: list[int], proposal: Proposal, rows: np.ndarray, times: tuple[float, float, float, float]
+    ) -> tuple[Step, int]:
+        """Steps 3 and 4 of a step, once the target has decoded [pending, drafts...] into `rows`:
+        keep the accepted prefix plus the target's token, roll the target back past it, extend
+        `context`, and record the Step. Returns it and the number of drafts accepted. `times` are
+        (the step's start, draft, target and sampling seconds so far). The batch engine
+        (engine/batch.py) verifies each of its sequences through this too."""
+        t_step, t_draft, t_target, t_sample = times
+        target, drafted = self.target, proposal.tokens
+        n_cached = len(context) - 1
+        if not rows_finite(rows):
+            target.rollback(n_cached)
+            raise ModelOutputError(
+                f"the target model {target.name} produced non-finite logits (NaN or infinity) "
+                f"at position {n_cached}: its weights are probably corrupt; re-download or re-convert it"
+            )
+        t0 = time.perf_counter()
+        if self.config.sampler.greedy:
+            n_acc, nxt = verify_greedy(rows.argmax(axis=1), drafted)
+        else:
+            n_acc, nxt = verify_sampled(partial(_row_dist, rows, self.config.sampler), drafted, proposal.dists, self.rng)
+        t_sample += time.perf_counter() - t0
+        target.rollback(n_cached + 1 + n_acc)
+
+        new = drafted[:n_acc] + [nxt]
+        emitted, stop = self._emit(new, [DRAFT] * n_acc + [TARGET])
+        # Tokens consumed: the emitted ones plus the stop token, if it was a draft.
+        consumed_drafts = min(n_acc, len(emitted) + (1 if stop == "eos" else 0))
+        context.extend(new)
+        step = Step(
+            index=index,
+            k=proposal.k,
+            drafted=tuple(drafted),
+            n_accepted=consumed_drafts,
+            emitted=tuple(emitted),
+            t_draft=t_draft,
+            t_target=t_target,
+            t_sample=t_sample,
+            t_other=max(0.0, time.perf_counter() - t_step - t_draft - t_target - t_sample),
+            stop=stop,
+            drafter=proposal.source if drafted else None,
+            predicted_speedup=proposal.predicted_speedup,
+            note=proposal.note,
+        )
+        self.result.steps.append(step)
+        return step, n_acc
 
 
 def generate(

@@ -29,10 +29,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specdec_cli.api import GenerateOptions, Speculator
-from specdec_cli.errors import ContextError, SpecdecError, UsageError
+from specdec_cli.errors import ContextError, InternalError, SpecdecError, UsageError
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
-from specdec_cli.server.worker import Delta, Failed, Final, InternalError, Job, QueueFull, Worker, describe
+from specdec_cli.server.worker import Delta, Failed, Final, Job, QueueFull, Worker, describe
 
 MAX_BODY_BYTES = 4 * 2**20
 RETRY_AFTER_SECONDS = 5
@@ -98,8 +98,12 @@ class Server:
         self.spec = spec
         self.settings = settings
         self.worker = Worker(spec, settings.max_queue, on_step=None)
-        self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running)
+        engine = spec.batch_engine() if spec.parallel > 1 else None  # calibrates now, before any request
+        self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running,
+                               engine.busy if engine is not None else None)  # fmt: skip
         self.worker.on_step = self.metrics.step
+        if engine is not None:
+            engine.on_step = self.metrics.batch
         self.started = int(time.time())
 
     # ----------------------------------------------------------- helpers

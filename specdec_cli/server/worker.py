@@ -1,12 +1,14 @@
-"""One loaded pair, one generation at a time: a worker thread serves jobs in arrival order.
+"""One loaded pair, `spec.parallel` generations at a time: worker threads serve jobs in arrival order.
 
 Requests submit a `Job`; past `max_queue` waiting jobs a submission is refused
-(`QueueFull`, a 503 with Retry-After). The worker tokenizes the request (so a
+(`QueueFull`, a 503 with Retry-After). A worker thread tokenizes the request (so a
 prompt too long for the context is an error before any byte is streamed),
 generates through `Speculator.start` and hands events to the request's asyncio
-side through `emit`, which must be thread-safe. A job's `cancel` event (the
-client went away, a stop string matched, shutdown) stops its generation at the
-next step, with both caches consistent for the next job.
+side through `emit`, which must be thread-safe. With `--parallel N` there are N
+worker threads and the Speculator's batch engine steps their generations together
+(engine/batch.py); with 1, one generation runs at a time. A job's `cancel` event
+(the client went away, a stop string matched, shutdown) stops its generation at
+the next step, with both caches consistent for the next job.
 """
 
 from __future__ import annotations
@@ -21,16 +23,12 @@ from typing import Any
 from specdec_cli.api import GenerateOptions, Generation, Prompt, Speculator
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.stats import Stats
-from specdec_cli.errors import ContextError, SpecdecError
+from specdec_cli.errors import ContextError, InternalError, SpecdecError
 from specdec_cli.server.stops import StopMatcher
 
 
 class QueueFull(Exception):
     pass
-
-
-class InternalError(SpecdecError):
-    """A bug met while serving a request (a 500), as opposed to the request's own fault."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +75,10 @@ class Worker:
         self.waiting = 0
         self.running = 0
         self._active: set[Job] = set()
-        self._thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, name=f"specdec-worker-{i}", daemon=True)
+                         for i in range(spec.parallel)]  # fmt: skip
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -93,8 +93,11 @@ class Worker:
         with self._lock:
             for job in self._active:
                 job.cancel.set()
-        self._jobs.put(None)
-        self._thread.join(timeout)
+        for _ in self._threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _loop(self) -> None:
         while True:
@@ -123,7 +126,6 @@ class Worker:
             raise ContextError(
                 f"the prompt is {len(tokens.ids)} tokens; this server's context is {spec.n_ctx} tokens"
             )
-        cached = spec.target.common_prefix(tokens.ids)
         run = spec.start(tokens, job.options, cancel=job.cancel)
         stops = StopMatcher(job.stops)
         n_tokens = 0  # completion tokens up to the one that completed a stop string
@@ -147,7 +149,7 @@ class Worker:
             job.emit(Delta(rest))
         finish = "stop" if stops.stopped or gen.stop_reason == "eos" else "length"
         job.emit(Final(gen, run.stats, stops.released, finish, n_tokens if stops.stopped else len(gen.token_ids),
-                       cached))  # fmt: skip
+                       run.n_cached))  # fmt: skip
 
 
 def describe(final: Final) -> dict[str, Any]:
