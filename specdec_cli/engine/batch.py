@@ -297,10 +297,10 @@ class BatchEngine:
         t_sample = time.perf_counter() - t_step - t_draft
         # ---- the target batch
         counts = [0] * len(self.slots)
-        parts: dict[int, tuple[list[int], int]] = {}
+        parts: dict[int, tuple[list[int], int, int]] = {}  # seq: (tokens, logits rows, filler tail)
         for s in gen:
             toks = [s.context[-1], *s.proposal.tokens]
-            parts[s.seq] = (toks, len(toks))
+            parts[s.seq] = (toks, len(toks), 0)
             counts[s.seq] = len(toks)
         room = self.budget - sum(counts)
         prefill_done: list[Slot] = []
@@ -312,15 +312,16 @@ class BatchEngine:
                 continue
             chunk = prompt[s.prefilled : s.prefilled + n]
             last = s.prefilled + n == len(prompt)  # the chunk ends the prompt: its last row opens the output
-            parts[s.seq] = (chunk, 1 if last else 0)
+            parts[s.seq] = (chunk, 1 if last else 0, 0)
             counts[s.seq] = n
             room -= n
             if last:
                 prefill_done.append(s)
         self._draft_prefill(pre, parts)
         fill = self._fillers(counts, [s.seq for s in gen], room)
-        for seq, n in fill.items():
-            parts[seq] = ([self._filler_token(seq)] * n, 0)
+        for seq, n in fill.items():  # fillers after a sequence's own tokens, without logits
+            toks, n_logits, _ = parts.get(seq, ([], 0, 0))
+            parts[seq] = (toks + [self._filler_token(seq)] * n, n_logits, n)
         ordered = sorted(parts)
         tt0 = self.target.decode_seconds
         rows = self.target.decode_many([(seq, *parts[seq]) for seq in ordered])
@@ -368,7 +369,7 @@ class BatchEngine:
                 s.job.result.stop_reason = "context"
                 self._finish(s)
 
-    def _draft_prefill(self, pre: list[Slot], parts: dict[int, tuple[list[int], int]]) -> None:
+    def _draft_prefill(self, pre: list[Slot], parts: dict[int, tuple[list[int], int, int]]) -> None:
         """The prompt chunks into the draft too, for jobs whose draft model may be used: its first
         draft then only catches up a token or two."""
         if not self._draft_usable() or not self._model_could_pay():
@@ -386,8 +387,8 @@ class BatchEngine:
             held = len(self.draft.seq_tokens[s.seq])
             end = min(len(prompt), s.prefilled + len(parts[s.seq][0]))
             if end > held:
-                feed.append((s.seq, prompt[held:end], 0))
-        if feed and sum(len(t) for _, t, _ in feed) <= self.draft.n_batch:
+                feed.append((s.seq, prompt[held:end], 0, 0))
+        if feed and sum(len(t) for _, t, _, _ in feed) <= self.draft.n_batch:
             self.draft.decode_many(feed)
 
     def _model_could_pay(self) -> bool:
@@ -549,7 +550,7 @@ class BatchEngine:
             while active:
                 seqs = sorted(s.seq for s in active)
                 t0 = draft.decode_seconds
-                rows = draft.decode_many([(seq, feed[seq], 1) for seq in seqs])
+                rows = draft.decode_many([(seq, feed[seq], 1, 0) for seq in seqs])
                 n_tok = sum(len(feed[seq]) for seq in seqs)
                 self.draft_costs.observe(n_tok, draft.decode_seconds - t0)
                 by = dict(zip(seqs, rows, strict=True))

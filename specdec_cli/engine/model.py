@@ -500,27 +500,28 @@ class Model:
             self.seq_tokens[seq].extend(tokens[start:end])
         return self._logits(0, n_logits)
 
-    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int]]) -> list[np.ndarray]:
-        """Decode several sequences' tokens in ONE llama_decode: `parts` are (seq, tokens, n_logits),
-        at most `n_batch` tokens in all, one part per sequence. Returns each part's logits for its
-        last n_logits tokens, as views valid until the next call that decodes."""
+    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """Decode several sequences' tokens in ONE llama_decode: `parts` are (seq, tokens, n_logits,
+        tail), at most `n_batch` tokens in all, one part per sequence; the last `tail` tokens get no
+        logits (fillers) and the n_logits before them do. Returns each part's logits, as views valid
+        until the next call that decodes."""
         self._context()
-        total = sum(len(toks) for _, toks, _ in parts)
+        total = sum(len(toks) for _, toks, _, _ in parts)
         if total > self.n_batch:
             raise ValueError(f"decode_many takes at most {self.n_batch} tokens, got {total}")
-        if len({s for s, _, _ in parts}) != len(parts):
+        if len({s for s, _, _, _ in parts}) != len(parts):
             raise ValueError("decode_many takes one part per sequence")
         row = 0
-        for seq, toks, n_logits in parts:
-            if not 0 <= n_logits <= len(toks):
+        for seq, toks, n_logits, tail in parts:
+            if not (0 <= n_logits and 0 <= tail and n_logits + tail <= len(toks)):
                 raise ValueError("more logits than tokens requested")
             self._check_room(seq, len(toks))
-            self._fill(row, seq, toks, n_logits)
+            self._fill(row, seq, toks, n_logits, tail)
             row += len(toks)
         if row:
-            self._run_batch(row, tuple(s for s, _, _ in parts))
+            self._run_batch(row, tuple(s for s, _, _, _ in parts))
         out, first = [], 0
-        for seq, toks, n_logits in parts:
+        for seq, toks, n_logits, _ in parts:
             self.seq_tokens[seq].extend(toks)
             out.append(self._logits(first, n_logits))
             first += n_logits
@@ -531,8 +532,9 @@ class Model:
         if held + n > self.n_ctx:
             raise ContextError(f"the context is full: {held} + {n} tokens > --ctx-size {self.n_ctx}")
 
-    def _fill(self, row: int, seq: int, tokens: Sequence[int], n_logits: int) -> None:
-        """Write `tokens` of sequence `seq` into batch rows from `row`, logits for the last n_logits."""
+    def _fill(self, row: int, seq: int, tokens: Sequence[int], n_logits: int, tail: int = 0) -> None:
+        """Write `tokens` of sequence `seq` into batch rows from `row`, logits for the n_logits
+        before the last `tail` tokens."""
         n = len(tokens)
         p0 = len(self.seq_tokens[seq])
         end = row + n
@@ -540,7 +542,7 @@ class Model:
         self._b_pos[row:end] = np.arange(p0, p0 + n, dtype=np.int32)
         self._b_logits[row:end] = 0
         if n_logits:
-            self._b_logits[end - n_logits : end] = 1
+            self._b_logits[end - tail - n_logits : end - tail] = 1
         if self.n_seq > 1:
             seq_id = self._batch.seq_id
             for i in np.flatnonzero(self._b_seq[row:end] != seq) + row:

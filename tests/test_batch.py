@@ -1,0 +1,199 @@
+"""Continuous batching (engine/batch.py): several generations in one target batch per step, each exact."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_cli import api
+from specdec_cli.engine.batch import filled, ubatch_sizes
+from specdec_cli.engine.estimates import BatchCosts
+from specdec_cli.engine.model import Model
+from tests.conftest import THREADS
+from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, target_dist
+
+PROMPTS = [
+    "Explain what a hash table is, in a paragraph.",
+    "Write a short story about a lighthouse keeper.",
+    "Repeat after me: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.",
+    "List the planets of the solar system with one fact each.",
+    "def fibonacci(n):",
+]
+
+
+# ---------------------------------------------------------------- the layout maths
+def test_ubatch_sizes_follow_llama_cpp_split_equal() -> None:
+    assert ubatch_sizes([1, 1, 1, 1], 256) == [4]  # one token each: one pass
+    assert ubatch_sizes([5, 5, 5, 5], 256) == [20]
+    assert ubatch_sizes([1, 0, 1], 256) == [1, 1]  # a gap in the sequence ids: two passes
+    assert ubatch_sizes([5, 1, 1, 1], 256) == [4, 4]  # uneven: the common part, then the rest
+    assert ubatch_sizes([3, 3, 2, 3], 256) == [8, 2, 1]  # seq 2 runs out: 0-1 go on, 3 alone
+    assert ubatch_sizes([3, 3], 4) == [4, 2]  # the micro-batch size caps a pass
+    assert ubatch_sizes([0, 0, 7], 256) == [7]
+
+
+def test_filled_makes_one_micro_batch_of_the_generating_sequences() -> None:
+    assert filled([5, 1, 0, 3], [0, 1, 3]) == [5, 5, 5, 5]
+    assert ubatch_sizes(filled([5, 1, 0, 3], [0, 1, 3]), 256) == [20]
+    assert filled([2, 0, 0, 0], [0]) == [2, 0, 0, 0]
+    # a prompt chunk of another sequence stays as it is
+    assert filled([2, 100, 2], [0, 2]) == [2, 100, 2]
+
+
+def test_interpolated_costs_between_sparse_sizes() -> None:
+    costs = BatchCosts({2: 1.5, 4: 2.0, 16: 5.0}, 0.01, interpolate=True)
+    assert costs.relative(3) == pytest.approx(1.75)
+    assert costs.relative(10) == pytest.approx(3.5)
+    assert costs.relative(20) == pytest.approx(6.0)  # the last segment's slope beyond
+
+
+# ---------------------------------------------------------------- real models
+@pytest.fixture(scope="module")
+def solo() -> Iterator[api.Speculator]:
+    with api.load(n_ctx=1024, n_threads=THREADS) as spec:
+        yield spec
+
+
+@pytest.fixture(scope="module")
+def par() -> Iterator[api.Speculator]:
+    with api.load(n_ctx=1024, n_threads=THREADS, parallel=4) as spec:
+        yield spec
+
+
+def _concurrently(spec: api.Speculator, prompts: list[str], **kw: object) -> list[api.Generation]:
+    out: list[api.Generation | None] = [None] * len(prompts)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            out[i] = spec.generate(prompts[i], **kw)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert all(g is not None for g in out)
+    return [g for g in out if g is not None]
+
+
+@pytest.mark.parametrize("drafter", ["auto", "model", "ngram", "none"])
+def test_concurrent_greedy_requests_match_their_solo_runs(solo: api.Speculator, par: api.Speculator,
+                                                          drafter: str) -> None:  # fmt: skip
+    """Five requests on four slots (one waits for a slot), each compared with its solo run."""
+    ref = [solo.generate(p, max_tokens=40, drafter=drafter) for p in PROMPTS]
+    got = _concurrently(par, PROMPTS, max_tokens=40, drafter=drafter)
+    for r, g in zip(ref, got, strict=True):
+        assert g.token_ids == r.token_ids
+        assert g.text == r.text
+        assert g.stop_reason == r.stop_reason
+        s = g.stats
+        assert 0 <= s.accepted <= s.drafted
+        assert s.emitted_from_draft + s.emitted_from_target == len(g.token_ids)
+    if drafter in ("model", "ngram"):
+        assert sum(g.stats.drafted for g in got) > 0  # drafts really went through the shared batch
+    if drafter == "none":
+        assert all(g.stats.drafted == 0 for g in got)
+
+
+def test_a_cancelled_request_leaves_the_others_exact(solo: api.Speculator, par: api.Speculator) -> None:
+    ref = [solo.generate(p, max_tokens=32, drafter="model") for p in PROMPTS[:3]]
+    stop = threading.Event()
+    runs = [par.start(p, max_tokens=32, drafter="model", cancel=stop if i == 1 else None)
+            for i, p in enumerate(PROMPTS[:3])]  # fmt: skip
+    out: dict[int, api.Generation] = {}
+
+    def consume(i: int) -> None:
+        for n, _ in enumerate(runs[i].events()):
+            if i == 1 and n == 3:
+                stop.set()
+        out[i] = runs[i].generation
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert out[1].stop_reason == "interrupted"
+    assert out[1].token_ids == ref[1].token_ids[: len(out[1].token_ids)]
+    assert out[0].token_ids == ref[0].token_ids
+    assert out[2].token_ids == ref[2].token_ids
+    # the slots stay usable, their caches consistent
+    assert par.generate(PROMPTS[1], max_tokens=32, drafter="model").token_ids == ref[1].token_ids
+
+
+def test_the_second_ask_reuses_its_slots_cached_prefix(par: api.Speculator) -> None:
+    system = "You are a careful assistant who answers in one short paragraph. " * 6
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Name a river."}]
+    par.generate(messages, max_tokens=8)
+    run = par.start([messages[0], {"role": "user", "content": "Name a lake."}], max_tokens=8)
+    for _ in run.events():
+        pass
+    assert run.n_cached > 0.8 * run.generation.n_prompt_tokens
+
+
+def test_a_prompt_longer_than_a_slot_is_refused(par: api.Speculator) -> None:
+    from specdec_cli.errors import ContextError
+
+    with pytest.raises(ContextError, match="--ctx-size"):
+        par.generate("word " * 2000, max_tokens=4, chat=False)
+    assert par.generate(PROMPTS[0], max_tokens=4).token_ids  # and the engine goes on
+
+
+def test_each_slot_holds_its_own_context() -> None:
+    """--ctx-size is per slot: every slot can use all of it."""
+    prompts = ["Count: 1, 2, 3,", "Letters: a, b, c,"]
+    with api.load(n_ctx=256, n_threads=THREADS, drafter="none") as one:
+        ref = [one.generate(p, max_tokens=400, chat=False) for p in prompts]
+    with api.load(n_ctx=256, n_threads=THREADS, parallel=2, drafter="none") as spec:
+        assert spec.n_ctx == 256
+        got = _concurrently(spec, prompts, max_tokens=400, chat=False)
+    assert [g.stop_reason for g in got] == ["context", "context"]
+    assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+    assert all(g.n_prompt_tokens + len(g.token_ids) > 250 for g in got)
+
+
+@pytest.mark.slow
+def test_sampled_tokens_follow_the_target_distribution_with_two_slots_busy(smol: Model, smol_q2k_path: Path) -> None:
+    """Sampling with model drafts while another generation shares every batch: the first two tokens
+    still follow the target's processed distribution (chi-square, as tests/test_distribution.py)."""
+    prompt = smol.tokenize(PROMPT, add_special=True, parse_special=True)
+    p1 = target_dist(smol, prompt)
+    mode = max(p1, key=lambda t: p1[t])
+    p2 = target_dist(smol, prompt + [mode])
+    first: Counter[int] = Counter()
+    second: Counter[int] = Counter()
+    lock = threading.Lock()
+    n_samples = 500
+    with api.load(smol.path, smol_q2k_path, n_ctx=256, n_threads=THREADS, parallel=2, drafter="model") as spec:
+        ids = spec.tokenize(PROMPT, chat=False)
+        opts = dict(max_tokens=3, draft_max=2, temperature=SAMPLER.temperature, top_k=SAMPLER.top_k,
+                    top_p=SAMPLER.top_p, min_p=SAMPLER.min_p)  # fmt: skip
+
+        def worker(n: int) -> None:
+            for _ in range(n):
+                g = spec.generate(ids, **opts)  # type: ignore[arg-type]
+                with lock:
+                    first[g.token_ids[0]] += 1
+                    if g.token_ids[0] == mode and len(g.token_ids) > 1:
+                        second[g.token_ids[1]] += 1
+
+        threads = [threading.Thread(target=worker, args=(n_samples // 2,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        assert spec.batch_engine().state.model.n > 0  # model drafts were verified
+    results = [chi_square(first, p1, 1), chi_square(second, p2, 2)]
+    assert sum(first.values()) == n_samples
+    for r in results:
+        assert r.pvalue > P_THRESHOLD, r
+    assert np.isfinite([r.pvalue for r in results]).all()
