@@ -1,23 +1,35 @@
-"""`specdec serve` under 1, 2 and 4 concurrent clients, with the drafter on and off (a command, not a test).
+"""`specdec serve` beside llama.cpp's `llama-server` under 1, 2, 4 and 8 concurrent clients (a command, not a test).
 
-    .venv/bin/python -m benchmarks.serve_bench [--requests 4] [--max-tokens 96] [-- extra serve flags]
+    .venv/bin/python -m benchmarks.serve_bench [--pair P] [--clients 1,2,4,8] [--requests 2] [--max-tokens 96]
+        [--llama-cpp-bin build/llama.cpp/bin]        (built by scripts/build-llama-cpp-tools.sh)
 
-For each server (the auto drafter; --no-draft) and each concurrency c, c client
-threads each send `--requests` streamed chat requests, greedy, one after the
-other. Per request: time to first token (request sent to first content chunk;
-it includes waiting in the queue, since one pair serves one generation at a
-time) and tokens/s (completion tokens over the time from first to last chunk).
-Prints the medians side by side, and the ratio of the drafter's tokens/s to
-the target alone's, measured in this run.
+For each concurrency c, each server is started with c slots (`specdec serve --parallel c`,
+`llama-server -np c`, each with the same per-slot context), warmed up, and c client
+threads each send `--requests` streamed chat requests, greedy, one after the other, with
+different prompts. Servers: specdec with its default drafter (auto) and with
+`--no-draft`; llama-server plain and with the pair's draft (`-md` with
+`--spec-type draft-simple --spec-draft-n-max 4`: `-md` alone drafts nothing). Per run:
+aggregate completion tokens/s over the wall time, time to first token (request sent
+to first content chunk) p50/p95, per-request tokens/s (first to last chunk) median.
+Everything is measured in this one run, side by side; the ratios at the end are
+specdec auto over the better llama-server at the same concurrency.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -28,15 +40,30 @@ PROMPTS = [
     "Write a short story about a lighthouse keeper.",
     "List the planets of the solar system with one fact each.",
     "Summarise the water cycle for a child.",
+    "Describe how a bicycle works.",
+    "Give three tips for learning a new language.",
+    "What is photosynthesis? Answer briefly.",
+    "Write a haiku about autumn, then explain it.",
 ]
+CTX = 4096  # per slot
 
 
-def one_request(base: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+@dataclass
+class Run:
+    tokens_per_second: float  # aggregate over the wall time
+    ttft_p50: float
+    ttft_p95: float
+    per_request: float  # median tokens/s of one request, first to last chunk
+    texts: dict[str, str]
+
+
+def one_request(base: str, prompt: str, max_tokens: int) -> tuple[float, float, int, str]:
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     first = last = None
-    tokens = 0
+    tokens = chunks = 0
+    text = []
     with httpx.stream("POST", f"{base}/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -45,53 +72,137 @@ def one_request(base: str, prompt: str, max_tokens: int) -> tuple[float, float, 
             data = json.loads(line[6:])
             if data.get("usage"):
                 tokens = data["usage"]["completion_tokens"]
-            if data["choices"] and data["choices"][0]["delta"].get("content"):
+            if data.get("choices") and data["choices"][0]["delta"].get("content"):
                 now = time.perf_counter()
                 first = first or now
                 last = now
+                chunks += 1
+                text.append(data["choices"][0]["delta"]["content"])
     assert first is not None and last is not None
-    return first - t0, tokens / max(last - first, 1e-9), tokens
+    tokens = tokens or chunks
+    return first - t0, tokens / max(last - first, 1e-9), tokens, "".join(text)
 
 
-def measure(base: str, clients: int, requests: int, max_tokens: int) -> tuple[float, float]:
+def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
     ttft: list[float] = []
     tps: list[float] = []
+    texts: dict[str, str] = {}
+    total = [0]
     lock = threading.Lock()
 
     def client(c: int) -> None:
         for i in range(requests):
-            a, b, _ = one_request(base, PROMPTS[(c + i) % len(PROMPTS)], max_tokens)
+            prompt = PROMPTS[(c * requests + i) % len(PROMPTS)]
+            a, b, n, text = one_request(base, prompt, max_tokens)
             with lock:
                 ttft.append(a)
                 tps.append(b)
+                total[0] += n
+                texts[prompt] = text
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return statistics.median(ttft), statistics.median(tps)
+    wall = time.perf_counter() - t0
+    ttft.sort()
+    p95 = ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))]
+    return Run(total[0] / wall, statistics.median(ttft), p95, statistics.median(tps), texts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def llama_server(binary: Path, target: Path, draft: Path | None, slots: int) -> Iterator[str]:
+    port = free_port()
+    cmd = [str(binary), "-m", str(target), "-np", str(slots), "-c", str(CTX * slots), "-t", "2", "-tb", "2",
+           "--host", "127.0.0.1", "--port", str(port), "--no-webui"]  # fmt: skip
+    if draft is not None:
+        cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}: {' '.join(cmd)}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("llama-server did not become ready in 180 s")
+        yield f"{base}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def pair_files(pair: str | None) -> tuple[Path, Path]:
+    from specdec_cli import runner
+
+    choice = runner.choose_models(None, None, pair, no_draft=False, drafter="model")
+    assert choice.draft is not None
+    return choice.target, choice.draft
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=4, help="requests per client")
+    ap.add_argument("--pair", default=None, help="a pair from models.toml (default: the default pair)")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("serve_args", nargs="*", help="extra `specdec serve` flags (after --)")
+    ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-server (else specdec only)")
     args = ap.parse_args()
-    results: dict[str, dict[int, tuple[float, float]]] = {}
-    for label, flags in (("auto drafter", []), ("target alone", ["--no-draft"])):
-        with live_server("--ctx-size", "4096", "--max-queue", "16", *flags, *args.serve_args,
-                         env={"SPECDEC_CALIBRATE": "1"}) as s:  # as users run it: calibrated
-            one_request(s.base_url, "Hello", 8)  # warm up (and calibrate)
-            results[label] = {c: measure(s.base_url, c, args.requests, args.max_tokens) for c in (1, 2, 4)}
-    print(f"{'clients':>7}  {'drafter':>12}  {'TTFT median':>11}  {'tokens/s median':>15}")
-    for c in (1, 2, 4):
-        for label in results:
-            ttft, tps = results[label][c]
-            print(f"{c:>7}  {label:>12}  {ttft * 1000:>9.0f}ms  {tps:>15.1f}")
-        ratio = results["auto drafter"][c][1] / results["target alone"][c][1]
-        print(f"{'':>7}  {'ratio':>12}  {'':>11}  {ratio:>14.2f}x")
+    clients = [int(c) for c in args.clients.split(",")]
+    target, draft = pair_files(args.pair)
+    pair_flags = ["--pair", args.pair] if args.pair else []
+    servers: dict[str, object] = {
+        "specdec auto": lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64", "--parallel", str(c),
+                                              *pair_flags, env={"SPECDEC_CALIBRATE": "1"}, timeout=300),
+        "specdec --no-draft": lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64", "--parallel", str(c),
+                                                    "--no-draft", *pair_flags, env={"SPECDEC_CALIBRATE": "1"}),
+    }  # fmt: skip
+    if args.llama_cpp_bin is not None:
+        binary = args.llama_cpp_bin / "llama-server"
+        servers["llama-server"] = lambda c: llama_server(binary, target, None, c)
+        servers["llama-server -md"] = lambda c: llama_server(binary, target, draft, c)
+    results: dict[tuple[str, int], Run] = {}
+    for c in clients:
+        for label, start in servers.items():
+            with start(c) as s:  # type: ignore[operator]
+                base = s if isinstance(s, str) else s.base_url
+                one_request(base, "Hello", 8)  # warm up (specdec calibrates here on first use)
+                results[label, c] = run = measure(base, c, args.requests, args.max_tokens)
+                print(f"{label:>20} c={c}: {run.tokens_per_second:6.1f} tok/s  TTFT p50 {run.ttft_p50 * 1000:5.0f} ms"
+                      f"  p95 {run.ttft_p95 * 1000:5.0f} ms  per request {run.per_request:5.1f} tok/s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    print(f"pair: {args.pair or 'default'}; {args.requests} requests per client, {args.max_tokens} tokens, greedy; "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    print(f"{'clients':>7}  {'server':>20}  {'tok/s':>7}  {'TTFT p50':>9}  {'TTFT p95':>9}  {'per request':>11}")
+    for c in clients:
+        for label in servers:
+            r = results[label, c]
+            print(f"{c:>7}  {label:>20}  {r.tokens_per_second:>7.1f}  {r.ttft_p50 * 1000:>7.0f}ms"
+                  f"  {r.ttft_p95 * 1000:>7.0f}ms  {r.per_request:>11.1f}")  # fmt: skip
+        ours = results["specdec auto", c]
+        same = ours.texts == results["specdec --no-draft", c].texts
+        line = f"{'':>7}  specdec auto / --no-draft: {ours.tokens_per_second / results['specdec --no-draft', c].tokens_per_second:.2f}x"
+        if args.llama_cpp_bin is not None:
+            best = max(results["llama-server", c].tokens_per_second, results["llama-server -md", c].tokens_per_second)
+            line += f"; / best llama-server: {ours.tokens_per_second / best:.2f}x"
+        print(line + f"; same text with and without drafts: {same}")
 
 
 if __name__ == "__main__":

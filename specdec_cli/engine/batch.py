@@ -10,7 +10,9 @@ target and the draft each hold `n_slots` sequences (one KV stream each: see
 2. plan: for every generating slot, how many tokens to draft and from where
    (the n-gram lookup, the draft model, or none), chosen together to maximise the
    expected tokens per second of the whole batch (`plan_step`);
-3. draft: model drafts of all slots in batched rounds in the draft context;
+3. draft: model drafts of all slots in batched rounds in the draft context (a
+   draft cache catches up on at most `WINDOW` recent tokens: prompts are not
+   prefilled into the draft, so that they do not delay the first token);
 4. ONE target decode: each generating slot's [pending, drafts...], prompt chunks
    of admitted jobs under the per-step token budget, and filler tokens where they
    are cheaper than the extra pass an uneven batch costs (`ubatch_sizes`);
@@ -317,7 +319,6 @@ class BatchEngine:
             room -= n
             if last:
                 prefill_done.append(s)
-        self._draft_prefill(pre, parts)
         fill = self._fillers(counts, [s.seq for s in gen], room)
         for seq, n in fill.items():  # fillers after a sequence's own tokens, without logits
             toks, n_logits, _ = parts.get(seq, ([], 0, 0))
@@ -368,28 +369,6 @@ class BatchEngine:
             elif self.target.n_ctx - (len(s.context) - 1) <= 0:
                 s.job.result.stop_reason = "context"
                 self._finish(s)
-
-    def _draft_prefill(self, pre: list[Slot], parts: dict[int, tuple[list[int], int, int]]) -> None:
-        """The prompt chunks into the draft too, for jobs whose draft model may be used: its first
-        draft then only catches up a token or two."""
-        if not self._draft_usable() or not self._model_could_pay():
-            return
-        assert self.draft is not None
-        feed = []
-        for s in pre:
-            if s.seq not in parts or s.job is None or s.job.kind not in (AUTO, MODEL) or self._cap_kind(s.job) == 0:
-                continue
-            prompt = s.job.prompt[:-1]  # the last prompt token opens the first draft, as in a solo run
-            if s.prefilled == s.job.n_cached:  # the first chunk: reuse what the draft's cache shares
-                keep = self.draft.common_prefix(prompt, s.seq)
-                self.draft.rollback(keep, s.seq)
-                s.draft_offset = 0
-            held = len(self.draft.seq_tokens[s.seq])
-            end = min(len(prompt), s.prefilled + len(parts[s.seq][0]))
-            if end > held:
-                feed.append((s.seq, prompt[held:end], 0, 0))
-        if feed and sum(len(t) for _, t, _, _ in feed) <= self.draft.n_batch:
-            self.draft.decode_many(feed)
 
     def _model_could_pay(self) -> bool:
         st = self.state
@@ -463,7 +442,7 @@ class BatchEngine:
             n = min(len(s.job.prompt) - s.prefilled, left)
             pre_counts[s.seq], left = max(n, 0), left - max(n, 0)
         d_one = self.draft_costs.one or st.draft_token_seconds
-        model_ok = self._draft_usable() and d_one is not None
+        model_ok = self._draft_usable() and d_one is not None and self._model_could_pay()
         best: tuple[float, dict[int, Choice]] = (0.0, {})
         for m in range(1, max(caps.values()) + 2):
             for use_model in ((False, True) if model_ok else (False,)):
