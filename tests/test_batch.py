@@ -98,8 +98,8 @@ def test_concurrent_greedy_requests_match_their_solo_runs(solo: api.Speculator, 
         s = g.stats
         assert 0 <= s.accepted <= s.drafted
         assert s.emitted_from_draft + s.emitted_from_target == len(g.token_ids)
-    if drafter in ("model", "ngram"):
-        assert sum(g.stats.drafted for g in got) > 0  # drafts really went through the shared batch
+    if drafter == "model":  # a fixed draft length: drafts really went through the shared batch
+        assert sum(g.stats.drafted for g in got) > 0
     if drafter == "none":
         assert all(g.stats.drafted == 0 for g in got)
 
