@@ -105,7 +105,7 @@ def load_pair(
         if choice.draft is not None:
             # drafting across tokenizers is per request (engine/cross.py): a parallel draft is one stream
             draft = Model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
-                          n_seq=1 if cross else n_seq)  # fmt: skip
+                          n_seq=1 if cross else n_seq, unified=n_seq > 1)  # fmt: skip
     except BaseException:
         target.close()
         raise

@@ -55,6 +55,7 @@ from specdec_cli.errors import ContextError, InternalError, SpecdecError
 
 WINDOW = 64  # a draft cache that fell further behind than this re-reads only the last WINDOW tokens
 FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this
+MIN_MARGINAL = 0.05  # the least a step's generation is priced at beside prompt chunks (single-token decodes)
 
 
 # ---------------------------------------------------------------- layout
@@ -171,6 +172,8 @@ class BatchEngine:
         self.slots = [Slot(s, ngram=NgramDrafter(*ngram)) for s in range(target.n_seq)]
         self.budget = target.n_batch
         self._waiting: list[BatchJob] = []
+        self._behind: dict[int, int] = {}  # this step: tokens each slot's draft cache must catch up
+        self._left: dict[int, int] = {}  # this step: tokens each slot may still generate
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
@@ -408,9 +411,7 @@ class BatchEngine:
 
     def _cap(self, s: Slot) -> int:
         assert s.job is not None
-        job, cfg = s.job, s.job.config
-        room = self.target.n_ctx - (len(s.context) - 1)
-        return max(0, min(self._cap_kind(job), room - 1, cfg.max_tokens - len(job.result.token_ids) - 1))
+        return max(0, min(self._cap_kind(s.job), self._tokens_left(s) - 1))
 
     def _plan(self, gen: list[Slot], pre: list[Slot]) -> dict[int, Choice]:
         """Each generating slot's draft: the plan with the most expected tokens per unit of time."""
@@ -443,19 +444,28 @@ class BatchEngine:
             pre_counts[s.seq], left = max(n, 0), left - max(n, 0)
         d_one = self.draft_costs.one or st.draft_token_seconds
         model_ok = self._draft_usable() and d_one is not None and self._model_could_pay()
-        best: tuple[float, dict[int, Choice]] = (0.0, {})
+        self._behind = {s.seq: self._catch_up(s)[1] for s in gen} if model_ok else {}
+        self._left = {s.seq: self._tokens_left(s) for s in gen}
+        # The best plan in the steady state (every draft cache a token or two behind). A plan that
+        # drafts with the model must then still win once its caches' one-time catch-up is priced:
+        # a batch where the model does not pay even when caught up never pays for catching up.
+        best: dict[bool, tuple[float, dict[int, Choice]]] = {False: (0.0, {}), True: (0.0, {})}
         for m in range(1, max(caps.values()) + 2):
             for use_model in ((False, True) if model_ok else (False,)):
                 plan: dict[int, Choice] = {}
                 for s in gen:
                     assert s.job is not None
                     plan[s.seq] = self._slot_choice(s, min(m - 1, caps[s.seq]), lookups.get(s.seq, []), use_model)
-                value = self._value(plan, pre_counts, d_one)
+                value = self._value(plan, pre_counts, d_one, steady=True)
                 if m == 1:
                     value *= MIN_GAIN  # drafting must beat plain batching by a margin
-                if value > best[0]:
-                    best = (value, plan)
-        return best[1]
+                key = any(c.source == MODEL for c in plan.values())
+                if value > best[key][0]:
+                    best[key] = (value, plan)
+        (v_free, free), (v_model, with_model) = best[False], best[True]
+        if with_model and v_model > v_free and self._value(with_model, pre_counts, d_one) > v_free:
+            return with_model
+        return free
 
     def _slot_choice(self, s: Slot, n: int, lookup: list[int], use_model: bool) -> Choice:
         assert s.job is not None
@@ -474,22 +484,53 @@ class BatchEngine:
                 best = Choice(MODEL, model_cap, e)
         return best
 
-    def _value(self, plan: dict[int, Choice], pre_counts: list[int], d_one: float | None) -> float:
-        """Expected tokens over cost (single-token target decodes) of the target batch and the draft rounds."""
+    def _value(self, plan: dict[int, Choice], pre_counts: list[int], d_one: float | None, steady: bool = False) -> float:
+        """Expected tokens over cost (single-token target decodes) of the target batch and the draft rounds
+        (`steady`: as if every draft cache were caught up but for a token or two)."""
         st = self.state
         counts = list(pre_counts)
         for seq, c in plan.items():
             counts[seq] = 1 + c.n
         n_ub = self.target.n_batch
         cost = batch_cost(counts, st.costs, n_ub)
-        if sum(filled(counts, list(plan)) ) - sum(counts) <= FILLER_TOKEN_LIMIT:
+        if sum(filled(counts, list(plan))) - sum(counts) <= FILLER_TOKEN_LIMIT:
             cost = min(cost, batch_cost(filled(counts, list(plan)), st.costs, n_ub))
-        drafting = [c.n for c in plan.values() if c.source == MODEL and c.n]
+        if any(pre_counts):  # prompt chunks are paid whatever the plan: price what generation adds
+            cost = max(cost - batch_cost(pre_counts, st.costs, n_ub), MIN_MARGINAL)
+        drafting = {seq: c.n for seq, c in plan.items() if c.source == MODEL and c.n}
         if drafting and d_one is not None and st.costs.one:
             unit = d_one / st.costs.one
-            for r in range(max(drafting)):
-                cost += unit * self.draft_costs.relative(sum(1 for n in drafting if n > r))
+            # Round 0 catches each draft cache up: a token or two after a model step, up to the window
+            # after other steps. That longer catch-up is paid once and lets the steps after it draft, so
+            # it is spread over the steps the request has left (at the draft's expected tokens a step).
+            d = self.draft_costs.relative
+            behind = {seq: self._behind.get(seq, 1) for seq in drafting}
+            cost += unit * d(sum(min(b, 2) for b in behind.values()))
+            for seq, b in behind.items():
+                if b > 2 and not steady:
+                    steps_left = max(1.0, self._left.get(seq, 1) / plan[seq].expected)
+                    cost += unit * (d(b) - d(2)) / steps_left
+            for r in range(1, max(drafting.values())):
+                cost += unit * self.draft_costs.relative(sum(1 for n in drafting.values() if n > r))
         return sum(c.expected for c in plan.values()) / cost
+
+    def _tokens_left(self, s: Slot) -> int:
+        assert s.job is not None
+        room = self.target.n_ctx - (len(s.context) - 1)
+        return max(1, min(room, s.job.config.max_tokens - len(s.job.result.token_ids)))
+
+    def _catch_up(self, s: Slot) -> tuple[int, int]:
+        """(the context offset the draft cache will follow, tokens its next draft round must decode):
+        a cache more than the window behind re-reads only the window."""
+        assert self.draft is not None
+        ctx = s.context[s.draft_offset :]
+        behind = len(ctx) - min(self.draft.common_prefix(ctx, s.seq), len(ctx) - 1)
+        window = min(WINDOW, self.draft.n_batch // len(self.slots))
+        if behind > window:
+            offset = len(s.context) - window
+            ctx = s.context[offset:]
+            return offset, len(ctx) - min(self.draft.common_prefix(ctx, s.seq), len(ctx) - 1)
+        return s.draft_offset, behind
 
     # ------------------------------------------------------------ drafting
     def _draft_rounds(self, gen: list[Slot], choices: dict[int, Choice]) -> float:
@@ -515,13 +556,10 @@ class BatchEngine:
         dists: dict[int, list[Dist]] = {s.seq: [] for s in drafting}
         feed: dict[int, list[int]] = {}
         for s in drafting:  # round 0: catch each draft cache up with its context
-            ctx = s.context[s.draft_offset :]
+            offset, _ = self._catch_up(s)
+            s.draft_offset = offset
+            ctx = s.context[offset:]
             keep = min(draft.common_prefix(ctx, s.seq), len(ctx) - 1)
-            window = min(WINDOW, draft.n_batch // len(self.slots))
-            if len(ctx) - keep > window:
-                s.draft_offset = len(s.context) - window
-                ctx = s.context[s.draft_offset :]
-                keep = min(draft.common_prefix(ctx, s.seq), len(ctx) - 1)
             draft.rollback(keep, s.seq)
             feed[s.seq] = list(ctx[keep:])
         active = [s for s in drafting]

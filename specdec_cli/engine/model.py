@@ -213,9 +213,9 @@ class Model:
     With `n_seq` = 1 the cache is a single sequence and `tokens` lists what it
     holds, in order. With `n_seq` > 1 (continuous batching, engine/batch.py) the
     context holds `n_seq` sequences of `n_ctx` tokens each, every one in its own
-    KV stream (llama.cpp's non-unified cache), so a sequence's cells sit where
-    they would if it ran alone and its logits are bit-identical to a solo run's
-    whatever runs beside it; `seq_tokens[s]` lists what sequence s holds, and
+    KV stream (llama.cpp's non-unified cache) unless `unified`, so a sequence's
+    cells sit where they would if it ran alone and its logits are bit-identical
+    to a solo run's whatever runs beside it; `seq_tokens[s]` lists what sequence s holds, and
     every cache method takes the sequence (`seq`, default 0). `decode_many`
     decodes parts of several sequences in one `llama_decode`.
     """
@@ -230,6 +230,7 @@ class Model:
         n_batch: int = 256,
         vocab_only: bool = False,
         n_seq: int = 1,
+        unified: bool = False,
     ) -> None:
         self.path = check_gguf_file(path)
         _install_log_callback()
@@ -239,6 +240,7 @@ class Model:
         self._ctx: Any = None
         self._batch: Any = None
         self.n_seq = max(1, n_seq)
+        self.unified = unified
         self.seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq)]
         self.tokens: list[int] = self.seq_tokens[0]
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
@@ -282,8 +284,10 @@ class Model:
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq
         # One KV stream per sequence: in a unified cache, sequences' cells interleave and the
-        # attention sums run in another order than a solo run's (not bit-identical).
-        cparams.kv_unified = False
+        # attention sums run in another order than a solo run's (not bit-identical). A draft may
+        # share one (`unified`): its numbers need not match a solo run's, and a unified batch is
+        # always one micro-batch, whatever each sequence contributes.
+        cparams.kv_unified = self.unified
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
