@@ -12,7 +12,8 @@ different prompts. Servers: specdec with its default drafter (auto) and with
 aggregate completion tokens/s over the wall time, time to first token (request sent
 to first content chunk) p50/p95, per-request tokens/s (first to last chunk) median.
 Everything is measured in this one run, side by side; the ratios at the end are
-specdec auto over the better llama-server at the same concurrency.
+specdec auto over the better llama-server at the same concurrency. This machine's speed
+drifts by tens of percent over minutes: `--rounds 2` runs each server twice in ABBA order.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Run:
     ttft_p95: float
     per_request: float  # median tokens/s of one request, first to last chunk
     texts: dict[str, str]
+    ttfts: list[float]
 
 
 def one_request(base: str, prompt: str, max_tokens: int) -> tuple[float, float, int, str]:
@@ -109,7 +111,18 @@ def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
     wall = time.perf_counter() - t0
     ttft.sort()
     p95 = ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))]
-    return Run(total[0] / wall, statistics.median(ttft), p95, statistics.median(tps), texts)
+    return Run(total[0] / wall, statistics.median(ttft), p95, statistics.median(tps), texts, ttft)
+
+
+def pooled(runs: list[Run]) -> Run:
+    """Several runs of one server at one concurrency: mean tokens/s, TTFT percentiles of all requests pooled."""
+    ttft = sorted(t for r in runs for t in r.ttfts)
+    texts: dict[str, str] = {}
+    for r in runs:
+        texts.update(r.texts)
+    return Run(statistics.mean(r.tokens_per_second for r in runs), statistics.median(ttft),
+               ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))],
+               statistics.median(r.per_request for r in runs), texts, ttft)  # fmt: skip
 
 
 def free_port() -> int:
@@ -164,31 +177,45 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-server (else specdec only)")
+    ap.add_argument("--specdec-parallel", type=int, default=0,
+                    help="specdec's --parallel (0: as many slots as clients, as llama-server's -np)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every server this many times per concurrency, in alternating order (ABBA), "
+                         "and report the mean tokens/s and the pooled TTFT: this machine's speed drifts")
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     target, draft = pair_files(args.pair)
     pair_flags = ["--pair", args.pair] if args.pair else []
+    def slots(c: int) -> str:
+        return str(args.specdec_parallel or c)
+
     servers: dict[str, object] = {
-        "specdec auto": lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64", "--parallel", str(c),
+        "specdec auto": lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64", "--parallel", slots(c),
                                               *pair_flags, env={"SPECDEC_CALIBRATE": "1"}, timeout=300),
-        "specdec --no-draft": lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64", "--parallel", str(c),
-                                                    "--no-draft", *pair_flags, env={"SPECDEC_CALIBRATE": "1"}),
+        "specdec --no-draft": lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64", "--parallel",
+                                                    slots(c), "--no-draft", *pair_flags,
+                                                    env={"SPECDEC_CALIBRATE": "1"}, timeout=300),
     }  # fmt: skip
     if args.llama_cpp_bin is not None:
         binary = args.llama_cpp_bin / "llama-server"
         servers["llama-server"] = lambda c: llama_server(binary, target, None, c)
         servers["llama-server -md"] = lambda c: llama_server(binary, target, draft, c)
-    results: dict[tuple[str, int], Run] = {}
+    runs: dict[tuple[str, int], list[Run]] = {}
     for c in clients:
-        for label, start in servers.items():
-            with start(c) as s:  # type: ignore[operator]
-                base = s if isinstance(s, str) else s.base_url
-                one_request(base, "Hello", 8)  # warm up (specdec calibrates here on first use)
-                results[label, c] = run = measure(base, c, args.requests, args.max_tokens)
+        for r in range(args.rounds):
+            order = list(servers.items()) if r % 2 == 0 else list(reversed(servers.items()))
+            for label, start in order:
+                with start(c) as s:  # type: ignore[operator]
+                    base = s if isinstance(s, str) else s.base_url
+                    one_request(base, "Hello", 8)  # warm up (specdec calibrates here on first use)
+                    run = measure(base, c, args.requests, args.max_tokens)
+                runs.setdefault((label, c), []).append(run)
                 print(f"{label:>20} c={c}: {run.tokens_per_second:6.1f} tok/s  TTFT p50 {run.ttft_p50 * 1000:5.0f} ms"
                       f"  p95 {run.ttft_p95 * 1000:5.0f} ms  per request {run.per_request:5.1f} tok/s",
                       file=sys.stderr, flush=True)  # fmt: skip
+    results = {key: pooled(rs) for key, rs in runs.items()}
     print(f"pair: {args.pair or 'default'}; {args.requests} requests per client, {args.max_tokens} tokens, greedy; "
+          f"{args.rounds} round(s); specdec --parallel {args.specdec_parallel or 'as clients'}; "
           f"{os.cpu_count()} cores")  # fmt: skip
     print(f"{'clients':>7}  {'server':>20}  {'tok/s':>7}  {'TTFT p50':>9}  {'TTFT p95':>9}  {'per request':>11}")
     for c in clients:

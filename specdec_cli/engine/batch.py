@@ -55,6 +55,7 @@ from specdec_cli.errors import ContextError, InternalError, SpecdecError
 
 WINDOW = 64  # a draft cache that fell further behind than this re-reads only the last WINDOW tokens
 FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this
+EXPLORE, EXPLORE_RATE = 3, 0.95  # model steps verified before its measured acceptance decides; assumed till then
 MIN_MARGINAL = 0.05  # the least a step's generation is priced at beside prompt chunks (single-token decodes)
 
 
@@ -373,12 +374,25 @@ class BatchEngine:
                 s.job.result.stop_reason = "context"
                 self._finish(s)
 
+    def _draft_unit(self) -> float | None:
+        """c_d: a draft token's cost in single-token target decodes. Both measured live, or both from
+        the calibration: this machine's speed drifts, and a calibrated draft time over a live target
+        time would price the draft at another moment's speed."""
+        st, dc = self.state, self.draft_costs
+        t_live, d_live = st.costs.measured(1), dc.measured(1)
+        t_cal, d_cal = st.costs.prior_one, dc.prior_one or st.draft_token_seconds
+        if t_live and d_live:
+            return d_live / t_live
+        if t_cal and d_cal:
+            return d_cal / t_cal
+        d, t = d_live or d_cal, t_live or t_cal
+        return d / t if d and t else None
+
     def _model_could_pay(self) -> bool:
-        st = self.state
-        d_one = self.draft_costs.one or st.draft_token_seconds
-        if d_one is None or not st.costs.one:
+        unit = self._draft_unit()
+        if unit is None:
             return True  # not measured yet: the first drafts measure it
-        return perfect_speedup(st.costs, self.model_k_max or 8, d_one / st.costs.one)[1] > 1.0
+        return perfect_speedup(self.state.costs, self.model_k_max or 8, unit)[1] > 1.0
 
     @staticmethod
     def _cap_kind(job: BatchJob) -> int:
@@ -442,8 +456,8 @@ class BatchEngine:
             assert s.job is not None
             n = min(len(s.job.prompt) - s.prefilled, left)
             pre_counts[s.seq], left = max(n, 0), left - max(n, 0)
-        d_one = self.draft_costs.one or st.draft_token_seconds
-        model_ok = self._draft_usable() and d_one is not None and self._model_could_pay()
+        unit = self._draft_unit()
+        model_ok = self._draft_usable() and unit is not None and self._model_could_pay()
         self._behind = {s.seq: self._catch_up(s)[1] for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
@@ -456,14 +470,14 @@ class BatchEngine:
                 for s in gen:
                     assert s.job is not None
                     plan[s.seq] = self._slot_choice(s, min(m - 1, caps[s.seq]), lookups.get(s.seq, []), use_model)
-                value = self._value(plan, pre_counts, d_one, steady=True)
+                value = self._value(plan, pre_counts, unit, steady=True)
                 if m == 1:
                     value *= MIN_GAIN  # drafting must beat plain batching by a margin
                 key = any(c.source == MODEL for c in plan.values())
                 if value > best[key][0]:
                     best[key] = (value, plan)
         (v_free, free), (v_model, with_model) = best[False], best[True]
-        if with_model and v_model > v_free and self._value(with_model, pre_counts, d_one) > v_free:
+        if with_model and v_model > v_free and self._value(with_model, pre_counts, unit) > v_free:
             return with_model
         return free
 
@@ -479,12 +493,20 @@ class BatchEngine:
             j = min(n, len(lookup))
             best = Choice(NGRAM, j, s.shadow.acceptance.expected(j))
         if use_model and kind == AUTO and model_cap:
-            e = self.state.model.expected(model_cap)
+            e = self._model_expected(model_cap)
             if e > best.expected:
                 best = Choice(MODEL, model_cap, e)
         return best
 
-    def _value(self, plan: dict[int, Choice], pre_counts: list[int], d_one: float | None, steady: bool = False) -> float:
+    def _model_expected(self, k: int) -> float:
+        """E(k) for a model draft: its measured acceptance, or, before EXPLORE verified model steps, an
+        optimistic one, so that a draft that may pay gets tried and measured (it then decides)."""
+        acc = self.state.model
+        if acc.n >= EXPLORE:
+            return acc.expected(k)
+        return 1.0 + sum(EXPLORE_RATE ** (i + 1) for i in range(k))
+
+    def _value(self, plan: dict[int, Choice], pre_counts: list[int], unit: float | None, steady: bool = False) -> float:
         """Expected tokens over cost (single-token target decodes) of the target batch and the draft rounds
         (`steady`: as if every draft cache were caught up but for a token or two)."""
         st = self.state
@@ -498,8 +520,7 @@ class BatchEngine:
         if any(pre_counts):  # prompt chunks are paid whatever the plan: price what generation adds
             cost = max(cost - batch_cost(pre_counts, st.costs, n_ub), MIN_MARGINAL)
         drafting = {seq: c.n for seq, c in plan.items() if c.source == MODEL and c.n}
-        if drafting and d_one is not None and st.costs.one:
-            unit = d_one / st.costs.one
+        if drafting and unit is not None:
             # Round 0 catches each draft cache up: a token or two after a model step, up to the window
             # after other steps. That longer catch-up is paid once and lets the steps after it draft, so
             # it is spread over the steps the request has left (at the draft's expected tokens a step).

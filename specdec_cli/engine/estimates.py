@@ -137,13 +137,14 @@ class BatchCosts:
             self._medians[batch] = median
         self._relative.clear()
 
-    def _measured(self, b: int) -> float | None:
+    def measured(self, b: int) -> float | None:
+        """Seconds for a batch of b as this run measured it (None until MIN_SAMPLES timings)."""
         return self._medians.get(b)
 
     @property
     def one(self) -> float | None:
         """Seconds for a single-token decode: measured, else calibrated."""
-        measured = self._measured(1)
+        measured = self.measured(1)
         return measured if measured is not None else self.prior_one
 
     def relative(self, b: int) -> float:
@@ -159,7 +160,7 @@ class BatchCosts:
         """c_v(2..n) in one pass: measured where the run has measured; elsewhere the calibration's
         shape scaled by how the run's measurements compare with it, else the mean marginal cost."""
         one = self.one
-        measured = {s: m / one for s in range(2, n + 1) if one and (m := self._measured(s)) is not None}
+        measured = {s: m / one for s in range(2, n + 1) if one and (m := self.measured(s)) is not None}
         ratios = [(c - 1.0) / (self.prior[s] - 1.0) for s, c in measured.items() if self.prior.get(s, 1.0) > 1.0]
         scale = statistics.median(ratios) if ratios else 1.0
         known = {s: 1.0 + (c - 1.0) * scale for s, c in self.prior.items() if 2 <= s <= n}
