@@ -57,12 +57,18 @@ def target_dist(target: Model, context: list[int]) -> dict[int, float]:
     return {int(i): float(p) for i, p in zip(d.ids, d.probs, strict=True)}
 
 
-def run(target: Model, drafter: Drafter, n_samples: int, draft_max: int = 2, text: str = PROMPT) -> list[ChiSquare]:
-    """Position 1 unconditionally, position 2 given the most likely first token."""
+def reference(target: Model, text: str = PROMPT) -> tuple[list[int], dict[int, float], int, dict[int, float]]:
+    """(prompt tokens, the target's distribution at position 1, its most likely first token,
+    the distribution at position 2 after that token)."""
     prompt = target.tokenize(text, add_special=True, parse_special=True)
     p1 = target_dist(target, prompt)
     mode = max(p1, key=lambda t: p1[t])
-    p2 = target_dist(target, prompt + [mode])
+    return prompt, p1, mode, target_dist(target, prompt + [mode])
+
+
+def run(target: Model, drafter: Drafter, n_samples: int, draft_max: int = 2, text: str = PROMPT) -> list[ChiSquare]:
+    """Position 1 unconditionally, position 2 given the most likely first token."""
+    prompt, p1, mode, p2 = reference(target, text)
     first: Counter[int] = Counter()
     second: Counter[int] = Counter()
     for seed in range(n_samples):

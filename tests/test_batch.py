@@ -15,7 +15,7 @@ from specdec_cli.engine.batch import filled, ubatch_sizes
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
 from tests.conftest import THREADS
-from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, target_dist
+from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, reference
 
 PROMPTS = [
     "Explain what a hash table is, in a paragraph.",
@@ -165,10 +165,7 @@ def test_each_slot_holds_its_own_context() -> None:
 def test_sampled_tokens_follow_the_target_distribution_with_two_slots_busy(smol: Model, smol_q2k_path: Path) -> None:
     """Sampling with model drafts while another generation shares every batch: the first two tokens
     still follow the target's processed distribution (chi-square, as tests/test_distribution.py)."""
-    prompt = smol.tokenize(PROMPT, add_special=True, parse_special=True)
-    p1 = target_dist(smol, prompt)
-    mode = max(p1, key=lambda t: p1[t])
-    p2 = target_dist(smol, prompt + [mode])
+    _, p1, mode, p2 = reference(smol)
     first: Counter[int] = Counter()
     second: Counter[int] = Counter()
     lock = threading.Lock()
