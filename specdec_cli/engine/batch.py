@@ -524,16 +524,21 @@ class BatchEngine:
             # Round 0 catches each draft cache up: a token or two after a model step, up to the window
             # after other steps. That longer catch-up is paid once and lets the steps after it draft, so
             # it is spread over the steps the request has left (at the draft's expected tokens a step).
-            d = self.draft_costs.relative
             behind = {seq: self._behind.get(seq, 1) for seq in drafting}
-            cost += unit * d(sum(min(b, 2) for b in behind.values()))
+            cost += self._round(sum(min(b, 2) for b in behind.values()), unit)
             for seq, b in behind.items():
                 if b > 2 and not steady:
                     steps_left = max(1.0, self._left.get(seq, 1) / plan[seq].expected)
-                    cost += unit * (d(b) - d(2)) / steps_left
+                    cost += (self._round(b, unit) - self._round(2, unit)) / steps_left
             for r in range(1, max(drafting.values())):
-                cost += unit * self.draft_costs.relative(sum(1 for n in drafting.values() if n > r))
+                cost += self._round(sum(1 for n in drafting.values() if n > r), unit)
         return sum(c.expected for c in plan.values()) / cost
+
+    def _round(self, b: int, unit: float) -> float:
+        """A draft round of b tokens in the target's units: as this engine measured rounds of b (seconds
+        over the target's one-token time, as the target's own measured sizes are), else calibrated."""
+        live, one = self.draft_costs.measured(b), self.state.costs.one
+        return live / one if live is not None and one else unit * self.draft_costs.relative(b)
 
     def _tokens_left(self, s: Slot) -> int:
         assert s.job is not None
