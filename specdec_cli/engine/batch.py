@@ -175,6 +175,7 @@ class BatchEngine:
         self._waiting: list[BatchJob] = []
         self._behind: dict[int, int] = {}  # this step: tokens each slot's draft cache must catch up
         self._left: dict[int, int] = {}  # this step: tokens each slot may still generate
+        self._alone = False  # this step: one slot generates and no prompt waits
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
@@ -460,6 +461,7 @@ class BatchEngine:
         model_ok = self._draft_usable() and unit is not None and self._model_could_pay()
         self._behind = {s.seq: self._catch_up(s)[1] for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
+        self._alone = len(gen) == 1 and not pre
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
         # drafts with the model must then still win once its caches' one-time catch-up is priced:
         # a batch where the model does not pay even when caught up never pays for catching up.
@@ -499,10 +501,11 @@ class BatchEngine:
         return best
 
     def _model_expected(self, k: int) -> float:
-        """E(k) for a model draft: its measured acceptance, or, before EXPLORE verified model steps, an
-        optimistic one, so that a draft that may pay gets tried and measured (it then decides)."""
+        """E(k) for a model draft: its measured acceptance, or, before EXPLORE verified model steps and
+        while a slot runs alone (trying it then delays no other request), an optimistic one, so that a
+        draft that may pay gets tried and measured (it then decides)."""
         acc = self.state.model
-        if acc.n >= EXPLORE:
+        if acc.n >= EXPLORE or not self._alone:
             return acc.expected(k)
         return 1.0 + sum(EXPLORE_RATE ** (i + 1) for i in range(k))
 
