@@ -34,6 +34,7 @@ what else runs, and a seed must give the same text whatever runs beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -141,7 +142,8 @@ class Slot:
     t_prefill: float = 0.0
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
     shadow: ShadowScore = field(default_factory=ShadowScore)
-    proposal: Proposal = field(default_factory=Proposal)
+    proposal: Proposal = field(default_factory=Proposal)  # what this step verifies
+    lookup: Proposal = field(default_factory=Proposal)  # this step's n-gram proposal, at the slot's cap
 
     @property
     def generating(self) -> bool:
@@ -173,7 +175,7 @@ class BatchEngine:
         self.slots = [Slot(s, ngram=NgramDrafter(*ngram)) for s in range(target.n_seq)]
         self.budget = target.n_batch
         self._waiting: list[BatchJob] = []
-        self._behind: dict[int, int] = {}  # this step: tokens each slot's draft cache must catch up
+        self._behind_now: dict[int, int] = {}  # this step: tokens each slot's draft cache must catch up
         self._left: dict[int, int] = {}  # this step: tokens each slot may still generate
         self._alone = False  # this step: one slot generates and no prompt waits
         self._cond = threading.Condition()
@@ -405,7 +407,7 @@ class BatchEngine:
 
     def _fillers(self, counts: list[int], gen: list[int], room: int) -> dict[int, int]:
         """Tokens to add (and roll back) per sequence when one micro-batch then costs less than the split."""
-        if len(gen) < 1:
+        if not gen:
             return {}
         n_ub = self.target.n_batch
         full = filled(counts, gen)
@@ -431,20 +433,13 @@ class BatchEngine:
     def _plan(self, gen: list[Slot], pre: list[Slot]) -> dict[int, Choice]:
         """Each generating slot's draft: the plan with the most expected tokens per unit of time."""
         caps = {s.seq: self._cap(s) for s in gen}
-        lookups: dict[int, list[int]] = {}
         for s in gen:
-            assert s.job is not None
-            s.proposal = Proposal()
+            assert s.job is not None and s.gen is not None
+            s.proposal = s.lookup = Proposal()
             if s.job.kind in (AUTO, NGRAM) and caps[s.seq]:
-                s.ngram.sync(s.context)
-                toks = s.ngram.lookup(caps[s.seq])
-                eog = s.gen.eog if s.gen else frozenset()
-                for j, tok in enumerate(toks):
-                    if tok in eog:
-                        del toks[j + 1 :]
-                        break
-                lookups[s.seq] = toks
-                s.shadow.propose(len(s.context), toks)
+                req = DraftRequest(s.context, caps[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
+                s.lookup = s.ngram.propose(req)  # free: every step, verified or not, for shadow scoring
+                s.shadow.propose(len(s.context), s.lookup.tokens)
         if not gen or not any(caps.values()):
             return {}
         st = self.state
@@ -459,7 +454,7 @@ class BatchEngine:
             pre_counts[s.seq], left = max(n, 0), left - max(n, 0)
         unit = self._draft_unit()
         model_ok = self._draft_usable() and unit is not None and self._model_could_pay()
-        self._behind = {s.seq: self._catch_up(s)[1] for s in gen} if model_ok else {}
+        self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
@@ -471,7 +466,7 @@ class BatchEngine:
                 plan: dict[int, Choice] = {}
                 for s in gen:
                     assert s.job is not None
-                    plan[s.seq] = self._slot_choice(s, min(m - 1, caps[s.seq]), lookups.get(s.seq, []), use_model)
+                    plan[s.seq] = self._slot_choice(s, min(m - 1, caps[s.seq]), use_model)
                 value = self._value(plan, pre_counts, unit, steady=True)
                 if m == 1:
                     value *= MIN_GAIN  # drafting must beat plain batching by a margin
@@ -483,7 +478,7 @@ class BatchEngine:
             return with_model
         return free
 
-    def _slot_choice(self, s: Slot, n: int, lookup: list[int], use_model: bool) -> Choice:
+    def _slot_choice(self, s: Slot, n: int, use_model: bool) -> Choice:
         assert s.job is not None
         kind = s.job.kind
         model_cap = n if self.model_k_max is None else min(n, self.model_k_max)
@@ -491,8 +486,8 @@ class BatchEngine:
             k = self._cap(s) if self.model_k_max is None else min(self._cap(s), self.model_k_max)
             return Choice(MODEL, k, self.state.model.expected(k))
         best = Choice("plain", 0, 1.0)
-        if n and lookup:
-            j = min(n, len(lookup))
+        if n and s.lookup.tokens:
+            j = min(n, len(s.lookup.tokens))
             best = Choice(NGRAM, j, s.shadow.acceptance.expected(j))
         if use_model and kind == AUTO and model_cap:
             e = self._model_expected(model_cap)
@@ -518,8 +513,9 @@ class BatchEngine:
             counts[seq] = 1 + c.n
         n_ub = self.target.n_batch
         cost = batch_cost(counts, st.costs, n_ub)
-        if sum(filled(counts, list(plan))) - sum(counts) <= FILLER_TOKEN_LIMIT:
-            cost = min(cost, batch_cost(filled(counts, list(plan)), st.costs, n_ub))
+        full = filled(counts, list(plan))
+        if sum(full) - sum(counts) <= FILLER_TOKEN_LIMIT:
+            cost = min(cost, batch_cost(full, st.costs, n_ub))
         if any(pre_counts):  # prompt chunks are paid whatever the plan: price what generation adds
             cost = max(cost - batch_cost(pre_counts, st.costs, n_ub), MIN_MARGINAL)
         drafting = {seq: c.n for seq, c in plan.items() if c.source == MODEL and c.n}
@@ -527,7 +523,7 @@ class BatchEngine:
             # Round 0 catches each draft cache up: a token or two after a model step, up to the window
             # after other steps. That longer catch-up is paid once and lets the steps after it draft, so
             # it is spread over the steps the request has left (at the draft's expected tokens a step).
-            behind = {seq: self._behind.get(seq, 1) for seq in drafting}
+            behind = {seq: self._behind_now.get(seq, 1) for seq in drafting}
             cost += self._round(sum(min(b, 2) for b in behind.values()), unit)
             for seq, b in behind.items():
                 if b > 2 and not steady:
@@ -549,17 +545,23 @@ class BatchEngine:
         return max(1, min(room, s.job.config.max_tokens - len(s.job.result.token_ids)))
 
     def _catch_up(self, s: Slot) -> tuple[int, int]:
-        """(the context offset the draft cache will follow, tokens its next draft round must decode):
-        a cache more than the window behind re-reads only the window."""
+        """(the context offset the draft cache will follow, how much of context[offset:] it keeps): its
+        next round decodes the rest. A cache more than the window behind re-reads only the window."""
         assert self.draft is not None
-        ctx = s.context[s.draft_offset :]
-        behind = len(ctx) - min(self.draft.common_prefix(ctx, s.seq), len(ctx) - 1)
-        window = min(WINDOW, self.draft.n_batch // len(self.slots))
-        if behind > window:
-            offset = len(s.context) - window
+        offset = s.draft_offset
+        for _ in range(2):
             ctx = s.context[offset:]
-            return offset, len(ctx) - min(self.draft.common_prefix(ctx, s.seq), len(ctx) - 1)
-        return s.draft_offset, behind
+            keep = min(self.draft.common_prefix(ctx, s.seq), len(ctx) - 1)
+            window = min(WINDOW, self.draft.n_batch // len(self.slots))
+            if len(ctx) - keep <= window:
+                break
+            offset = len(s.context) - window
+        return offset, keep
+
+    def _behind(self, s: Slot) -> int:
+        """Tokens the slot's draft cache must decode in its next round."""
+        offset, keep = self._catch_up(s)
+        return len(s.context) - offset - keep
 
     # ------------------------------------------------------------ drafting
     def _draft_rounds(self, gen: list[Slot], choices: dict[int, Choice]) -> float:
@@ -572,8 +574,7 @@ class BatchEngine:
             if c is None or c.n == 0:
                 s.proposal = Proposal()
             elif c.source == NGRAM:
-                ng = s.ngram.lookup(c.n)
-                s.proposal = Proposal(ng, [Dist.point(t) for t in ng], c.n, NGRAM)
+                s.proposal = dataclasses.replace(s.lookup.cut(c.n), k=c.n)
             else:
                 drafting.append(s)
         if not drafting or self.draft is None:
@@ -584,14 +585,14 @@ class BatchEngine:
         toks: dict[int, list[int]] = {s.seq: [] for s in drafting}
         dists: dict[int, list[Dist]] = {s.seq: [] for s in drafting}
         feed: dict[int, list[int]] = {}
+        reqs: dict[int, DraftRequest] = {}
         for s in drafting:  # round 0: catch each draft cache up with its context
-            offset, _ = self._catch_up(s)
-            s.draft_offset = offset
-            ctx = s.context[offset:]
-            keep = min(draft.common_prefix(ctx, s.seq), len(ctx) - 1)
+            assert s.job is not None and s.gen is not None
+            s.draft_offset, keep = self._catch_up(s)
             draft.rollback(keep, s.seq)
-            feed[s.seq] = list(ctx[keep:])
-        active = [s for s in drafting]
+            feed[s.seq] = s.context[s.draft_offset + keep :]
+            reqs[s.seq] = DraftRequest(s.context, want[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
+        active = list(drafting)
         try:
             while active:
                 seqs = sorted(s.seq for s in active)
@@ -603,8 +604,7 @@ class BatchEngine:
                 still: list[Slot] = []
                 for s in active:
                     assert s.job is not None and s.gen is not None
-                    req = DraftRequest(s.context, want[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
-                    picked = pick(draft, by[s.seq][0], req, s.job.config.draft_p_min)
+                    picked = pick(draft, by[s.seq][0], reqs[s.seq], s.job.config.draft_p_min)
                     if picked is None:
                         continue
                     tok, q = picked
@@ -619,7 +619,8 @@ class BatchEngine:
             self.draft_broken = str(exc)
             for s in drafting:
                 assert s.job is not None
-                s.job._queue.put(DrafterDropped(f"{exc}: the n-gram lookup goes on alone for the rest of this run"))
+                rest = "the n-gram lookup goes on alone" if s.job.kind == AUTO else "speculation is off"
+                s.job._queue.put(DrafterDropped(f"{exc}: {rest} for the rest of this run"))
                 s.proposal = Proposal()
             return draft.decode_seconds - td0
         for s in drafting:
