@@ -3,8 +3,9 @@
     .venv/bin/python -m benchmarks.serve_bench [--pair P] [--clients 1,2,4,8] [--requests 2] [--max-tokens 96]
         [--llama-cpp-bin build/llama.cpp/bin]        (built by scripts/build-llama-cpp-tools.sh)
 
-For each concurrency c, each server is started with c slots (`specdec serve --parallel c`,
-`llama-server -np c`, each with the same per-slot context), warmed up, and c client
+For each concurrency c, each server is started with its slots (`specdec serve` at its default
+`--parallel 4`, or c where more; `llama-server -np c`), each with the same per-slot context,
+warmed up, and c client
 threads each send `--requests` streamed chat requests, greedy, one after the other, with
 different prompts. Servers: specdec with its default drafter (auto) and with
 `--no-draft`; llama-server plain and with the pair's draft (`-md` with
@@ -132,13 +133,17 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, target: Path, draft: Path | None, slots: int) -> Iterator[str]:
+def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exact: bool = False) -> Iterator[str]:
     port = free_port()
     cmd = [str(binary), "-m", str(target), "-np", str(slots), "-c", str(CTX * slots), "-t", "2", "-tb", "2",
            "--host", "127.0.0.1", "--port", str(port), "--no-webui"]  # fmt: skip
     if draft is not None:
         cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ)
+    if exact:  # the kernels specdec runs (engine/model.py): no flash attention, repacking or tiled matmul
+        cmd += ["-fa", "off", "--no-repack"]
+        env["GGML_CPU_TILED_MM"] = "0"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -178,16 +183,20 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-server (else specdec only)")
     ap.add_argument("--specdec-parallel", type=int, default=0,
-                    help="specdec's --parallel (0: as many slots as clients, as llama-server's -np)")
+                    help="specdec's --parallel (0: its default, 4, or as many slots as clients where more)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every server this many times per concurrency, in alternating order (ABBA), "
                          "and report the mean tokens/s and the pooled TTFT: this machine's speed drifts")
+    ap.add_argument("--exact-llama-server", action="store_true",
+                    help="also run llama-server plain with specdec's exact-mode kernels (-fa off --no-repack, "
+                         "GGML_CPU_TILED_MM=0): what exactness costs, apart from scheduling")
+    ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     target, draft = pair_files(args.pair)
     pair_flags = ["--pair", args.pair] if args.pair else []
     def slots(c: int) -> str:
-        return str(args.specdec_parallel or c)
+        return str(args.specdec_parallel or max(4, c))
 
     servers: dict[str, object] = {
         "specdec auto": lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64", "--parallel", slots(c),
@@ -200,6 +209,11 @@ def main() -> None:
         binary = args.llama_cpp_bin / "llama-server"
         servers["llama-server"] = lambda c: llama_server(binary, target, None, c)
         servers["llama-server -md"] = lambda c: llama_server(binary, target, draft, c)
+        if args.exact_llama_server:
+            servers["llama-server exact"] = lambda c: llama_server(binary, target, None, c, exact=True)
+    if args.only:
+        keep = [label.strip() for label in args.only.split(",")]
+        servers = {label: start for label, start in servers.items() if label in keep}
     runs: dict[tuple[str, int], list[Run]] = {}
     for c in clients:
         for r in range(args.rounds):
@@ -215,7 +229,7 @@ def main() -> None:
                       file=sys.stderr, flush=True)  # fmt: skip
     results = {key: pooled(rs) for key, rs in runs.items()}
     print(f"pair: {args.pair or 'default'}; {args.requests} requests per client, {args.max_tokens} tokens, greedy; "
-          f"{args.rounds} round(s); specdec --parallel {args.specdec_parallel or 'as clients'}; "
+          f"{args.rounds} round(s); specdec --parallel {args.specdec_parallel or 'max(4, clients)'}; "
           f"{os.cpu_count()} cores")  # fmt: skip
     print(f"{'clients':>7}  {'server':>20}  {'tok/s':>7}  {'TTFT p50':>9}  {'TTFT p95':>9}  {'per request':>11}")
     for c in clients:
@@ -223,13 +237,20 @@ def main() -> None:
             r = results[label, c]
             print(f"{c:>7}  {label:>20}  {r.tokens_per_second:>7.1f}  {r.ttft_p50 * 1000:>7.0f}ms"
                   f"  {r.ttft_p95 * 1000:>7.0f}ms  {r.per_request:>11.1f}")  # fmt: skip
-        ours = results["specdec auto", c]
-        same = ours.texts == results["specdec --no-draft", c].texts
-        line = f"{'':>7}  specdec auto / --no-draft: {ours.tokens_per_second / results['specdec --no-draft', c].tokens_per_second:.2f}x"
-        if args.llama_cpp_bin is not None:
-            best = max(results["llama-server", c].tokens_per_second, results["llama-server -md", c].tokens_per_second)
+        ours, plain = results.get(("specdec auto", c)), results.get(("specdec --no-draft", c))
+        theirs = [results[k, c] for k in ("llama-server", "llama-server -md") if (k, c) in results]
+        if ours is None or plain is None:
+            continue
+        line = f"{'':>7}  specdec auto / --no-draft: {ours.tokens_per_second / plain.tokens_per_second:.2f}x"
+        if theirs:
+            best = max(r.tokens_per_second for r in theirs)
             line += f"; / best llama-server: {ours.tokens_per_second / best:.2f}x"
-        print(line + f"; same text with and without drafts: {same}")
+            # each round's ratio, its servers run minutes apart rather than across the whole run
+            per_round = [a.tokens_per_second / max(runs[k, c][r].tokens_per_second for k in ("llama-server", "llama-server -md")
+                                                   if (k, c) in runs)
+                         for r, a in enumerate(runs["specdec auto", c])]  # fmt: skip
+            line += f" (by round: {', '.join(f'{x:.2f}' for x in per_round)})"
+        print(line + f"; same text with and without drafts: {ours.texts == plain.texts}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from specdec_cli import api
 from specdec_cli.engine.batch import filled, ubatch_sizes
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
+from specdec_cli.engine.occupancy import Occupancy
 from tests.conftest import THREADS
 from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, reference
 
@@ -50,6 +52,43 @@ def test_interpolated_costs_between_sparse_sizes() -> None:
     assert costs.relative(3) == pytest.approx(1.75)
     assert costs.relative(10) == pytest.approx(3.5)
     assert costs.relative(20) == pytest.approx(6.0)  # the last segment's slope beyond
+
+
+def test_a_measured_small_batch_does_not_rescale_the_large_ones() -> None:
+    """A parallel server measures mostly its plain steps (a token per slot); a batch of 8 must keep its
+    calibrated price, not one scaled by how cheap the batches of 2 ran."""
+    costs = BatchCosts({2: 1.3, 8: 2.1}, 0.01, interpolate=True)
+    for _ in range(3):
+        costs.observe(1, 0.01)
+        costs.observe(2, 0.0112)
+    assert costs.relative(2) == pytest.approx(1.12)
+    assert costs.relative(8) == pytest.approx(2.1)
+    solo = BatchCosts({2: 1.3, 8: 2.1}, 0.01)  # the solo engine measures the sizes it uses: it scales
+    for _ in range(3):
+        solo.observe(1, 0.01)
+        solo.observe(2, 0.0112)
+    assert solo.relative(8) < 0.8 * 2.1
+
+
+def test_occupancy_measures_how_soon_the_batch_grows() -> None:
+    one_at_a_time = Occupancy()
+    for _ in range(5):  # requests one after another: one busy slot, never joined
+        for _ in range(40):
+            one_at_a_time.observe(1)
+    assert one_at_a_time.steps_until_growth(1) == math.inf
+
+    taking_turns = Occupancy()  # two clients: one finishes, the other's next request comes 2 steps later
+    for _ in range(5):
+        for _ in range(40):
+            taking_turns.observe(2)
+        for _ in range(2):
+            taking_turns.observe(1)
+    assert 1.5 < taking_turns.steps_until_growth(1) < 3.0
+    assert taking_turns.steps_until_growth(2) == math.inf  # a third never came
+    taking_turns.observe(2)
+    taking_turns.observe(3)  # one arrival in all the steps spent at two
+    assert taking_turns.steps_until_growth(2) == pytest.approx(taking_turns.steps[2], rel=0.01)
+    assert taking_turns.steps_until_growth(2) > 100
 
 
 # ---------------------------------------------------------------- real models

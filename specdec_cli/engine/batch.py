@@ -35,6 +35,7 @@ what else runs, and a seed must give the same text whatever runs beside it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import queue
 import threading
 import time
@@ -50,6 +51,7 @@ from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, perfect_speedup
 from specdec_cli.engine.events import DrafterDropped, Event, Prefill, Result
 from specdec_cli.engine.gate import ShadowScore
 from specdec_cli.engine.model import Model
+from specdec_cli.engine.occupancy import Occupancy
 from specdec_cli.engine.sampling import Dist
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import ContextError, InternalError, SpecdecError
@@ -178,6 +180,8 @@ class BatchEngine:
         self._behind_now: dict[int, int] = {}  # this step: tokens each slot's draft cache must catch up
         self._left: dict[int, int] = {}  # this step: tokens each slot may still generate
         self._alone = False  # this step: one slot generates and no prompt waits
+        self._horizon = math.inf  # this step: steps expected before the batch grows (catch-up is spread over them)
+        self.occupancy = Occupancy()
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
@@ -300,6 +304,7 @@ class BatchEngine:
         pre = [s for s in self.slots if s.job is not None and not s.generating]
         if not gen and not pre:
             return
+        self.occupancy.observe(len(gen) + len(pre))
         t_step = time.perf_counter()
         choices = self._plan(gen, pre)
         t_draft = self._draft_rounds(gen, choices)
@@ -457,6 +462,8 @@ class BatchEngine:
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
+        # A prompt being read joins the generating slots within a step or two; else the measured rate
+        self._horizon = 1.0 if pre else self.occupancy.steps_until_growth(len(gen))
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
         # drafts with the model must then still win once its caches' one-time catch-up is priced:
         # a batch where the model does not pay even when caught up never pays for catching up.
@@ -522,12 +529,13 @@ class BatchEngine:
         if drafting and unit is not None:
             # Round 0 catches each draft cache up: a token or two after a model step, up to the window
             # after other steps. That longer catch-up is paid once and lets the steps after it draft, so
-            # it is spread over the steps the request has left (at the draft's expected tokens a step).
+            # it is spread over the steps the request has left (at the draft's expected tokens a step),
+            # or fewer: those expected before another request joins the batch (engine/occupancy.py).
             behind = {seq: self._behind_now.get(seq, 1) for seq in drafting}
             cost += self._round(sum(min(b, 2) for b in behind.values()), unit)
             for seq, b in behind.items():
                 if b > 2 and not steady:
-                    steps_left = max(1.0, self._left.get(seq, 1) / plan[seq].expected)
+                    steps_left = max(1.0, min(self._left.get(seq, 1) / plan[seq].expected, self._horizon))
                     cost += (self._round(b, unit) - self._round(2, unit)) / steps_left
             for r in range(1, max(drafting.values())):
                 cost += self._round(sum(1 for n in drafting.values() if n > r), unit)

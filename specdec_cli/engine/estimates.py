@@ -110,7 +110,7 @@ class BatchCosts:
     A size is trusted after `MIN_SAMPLES` timings. Sizes not measured yet follow
     the calibration (`prior`, relative costs) scaled by how the measured sizes
     compare with it (a calibration taken on a busier or quieter machine only
-    gives the shape), else the mean marginal cost of the sizes known, else
+    gives the shape; not when `interpolate`, see `_build`), else the mean marginal cost of the sizes known, else
     `PRIOR_MARGINAL`. Costs never fall as the batch grows.
     """
 
@@ -162,7 +162,10 @@ class BatchCosts:
         one = self.one
         measured = {s: m / one for s in range(2, n + 1) if one and (m := self.measured(s)) is not None}
         ratios = [(c - 1.0) / (self.prior[s] - 1.0) for s, c in measured.items() if self.prior.get(s, 1.0) > 1.0]
-        scale = statistics.median(ratios) if ratios else 1.0
+        # A parallel server measures mostly the sizes of its plain steps (a token per busy slot): scaling
+        # the whole calibration by them made batches of 8 priced from batches of 2 look a third cheaper
+        # than they ran. There the measured sizes replace the calibration's, the rest is interpolated.
+        scale = statistics.median(ratios) if ratios and not self.interpolate else 1.0
         known = {s: 1.0 + (c - 1.0) * scale for s, c in self.prior.items() if 2 <= s <= n}
         known.update(measured)
         slopes = [(c - 1.0) / (s - 1) for s, c in known.items()]
