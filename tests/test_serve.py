@@ -391,3 +391,16 @@ def test_readme_client_example_runs(server: LiveServer) -> None:
     proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()
+
+
+def test_connections_send_small_chunks_at_once() -> None:
+    """TCP_NODELAY on every accepted connection: a kept-alive client (the openai SDK keeps one) otherwise
+    got each stream's first chunk ~40 ms late, Nagle's algorithm holding it for a delayed ACK."""
+    import socket
+
+    from specdec_cli.cli.serve import listen
+
+    with listen("127.0.0.1", 0) as server, socket.create_connection(server.getsockname()[:2]) as _client:
+        conn, _ = server.accept()
+        with conn:
+            assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0

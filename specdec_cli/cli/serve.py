@@ -124,6 +124,9 @@ def listen(host: str, port: int) -> socket.socket:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it (Linux): without it, a client that keeps its connection (the
+        # openai SDK does) got each first chunk ~40 ms late (Nagle's algorithm waiting on a delayed ACK).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(128)
     except OSError as exc:
