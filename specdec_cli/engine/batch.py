@@ -468,7 +468,13 @@ class BatchEngine:
         # drafts with the model must then still win once its caches' one-time catch-up is priced:
         # a batch where the model does not pay even when caught up never pays for catching up.
         best: dict[bool, tuple[float, dict[int, Choice]]] = {False: (0.0, {}), True: (0.0, {})}
-        for m in range(1, max(caps.values()) + 2):
+        # Without model drafts, plans longer than the longest n-gram proposal are the same plan again
+        fixed = any(s.job is not None and s.job.kind == MODEL for s in gen)  # drafts whatever the plan
+        longest = max(len(s.lookup.tokens) for s in gen)
+        top = max(caps.values()) if model_ok or fixed else min(max(caps.values()), longest)
+        if top == 0:
+            return {}  # nothing to draft from: a plain step
+        for m in range(1, top + 2):
             for use_model in ((False, True) if model_ok else (False,)):
                 plan: dict[int, Choice] = {}
                 for s in gen:
