@@ -57,7 +57,10 @@ def test_hostile_template_ends_in_one_clear_error(name: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(chat.ChatTemplateError) as exc:
         chat.render(HOSTILE[name], USER, bos_token="", eos_token="", source="evil.gguf")
-    assert time.monotonic() - t0 < chat.RENDER_SECONDS + 2
+    # The budget is checked between template operations: one builtin call already running (wordwrap
+    # of 2 MB) finishes first. It took 4.5 s on a slow phase of a 2-core machine, so the slack is
+    # generous; a render that the budget did not stop would still run for minutes.
+    assert time.monotonic() - t0 < chat.RENDER_SECONDS + 8
     message = str(exc.value)
     assert message.startswith("the chat template in evil.gguf failed: ") and "--raw" in message
     assert "\n" not in message
