@@ -274,7 +274,7 @@ def main() -> None:
             per_round = [a.tokens_per_second / max(runs[k, c][r].tokens_per_second for k in ("llama-server", "llama-server -md")
                                                    if (k, c) in runs)
                          for r, a in enumerate(runs["specdec auto", c])]  # fmt: skip
-            line += f" (by round: {', '.join(f'{x:.2f}' for x in per_round)})"
+            line += f" (by round: {', '.join(f'{x:.2f}' for x in per_round)}; median {statistics.median(per_round):.2f})"
         print(line + f"; same text with and without drafts: {ours.texts == plain.texts}")
 
 
