@@ -52,6 +52,7 @@ PROMPTS = [
     "Write a detailed guide to learning a new language as an adult.",
 ]
 CTX = 4096  # per slot
+LLAMA = ("llama-server", "llama-server -md")  # the servers specdec auto is compared with
 
 
 @dataclass
@@ -136,8 +137,12 @@ def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
     for http in https:
         http.close()
     ttft.sort()
-    p95 = ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))]
-    return Run(total[0] / wall, statistics.median(ttft), p95, statistics.median(tps), total[0], texts, ttft)
+    return Run(total[0] / wall, statistics.median(ttft), p95(ttft), statistics.median(tps), total[0], texts, ttft)
+
+
+def p95(xs: list[float]) -> float:
+    """The 95th percentile of sorted values (nearest rank)."""
+    return xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
 
 
 def pooled(runs: list[Run]) -> Run:
@@ -146,8 +151,7 @@ def pooled(runs: list[Run]) -> Run:
     texts: dict[str, str] = {}
     for r in runs:
         texts.update(r.texts)
-    return Run(statistics.mean(r.tokens_per_second for r in runs), statistics.median(ttft),
-               ttft[min(len(ttft) - 1, round(0.95 * (len(ttft) - 1)))],
+    return Run(statistics.mean(r.tokens_per_second for r in runs), statistics.median(ttft), p95(ttft),
                statistics.median(r.per_request for r in runs), sum(r.tokens for r in runs), texts, ttft)  # fmt: skip
 
 
@@ -238,6 +242,9 @@ def main() -> None:
             servers["llama-server exact"] = lambda c: llama_server(binary, target, None, c, exact=True)
     if args.only:
         keep = [label.strip() for label in args.only.split(",")]
+        unknown = [label for label in keep if label not in servers]
+        if unknown:
+            ap.error(f"--only: no server {', '.join(map(repr, unknown))} here (servers: {', '.join(servers)})")
         servers = {label: start for label, start in servers.items() if label in keep}
     runs: dict[tuple[str, int], list[Run]] = {}
     for c in clients:
@@ -263,7 +270,7 @@ def main() -> None:
             print(f"{c:>7}  {label:>20}  {r.tokens_per_second:>7.1f}  {r.ttft_p50 * 1000:>7.0f}ms"
                   f"  {r.ttft_p95 * 1000:>7.0f}ms  {r.per_request:>11.1f}  {r.tokens:>6}")  # fmt: skip
         ours, plain = results.get(("specdec auto", c)), results.get(("specdec --no-draft", c))
-        theirs = [results[k, c] for k in ("llama-server", "llama-server -md") if (k, c) in results]
+        theirs = [results[k, c] for k in LLAMA if (k, c) in results]
         if ours is None or plain is None:
             continue
         line = f"{'':>7}  specdec auto / --no-draft: {ours.tokens_per_second / plain.tokens_per_second:.2f}x"
@@ -271,8 +278,7 @@ def main() -> None:
             best = max(r.tokens_per_second for r in theirs)
             line += f"; / best llama-server: {ours.tokens_per_second / best:.2f}x"
             # each round's ratio, its servers run minutes apart rather than across the whole run
-            per_round = [a.tokens_per_second / max(runs[k, c][r].tokens_per_second for k in ("llama-server", "llama-server -md")
-                                                   if (k, c) in runs)
+            per_round = [a.tokens_per_second / max(runs[k, c][r].tokens_per_second for k in LLAMA if (k, c) in runs)
                          for r, a in enumerate(runs["specdec auto", c])]  # fmt: skip
             line += f" (by round: {', '.join(f'{x:.2f}' for x in per_round)}; median {statistics.median(per_round):.2f})"
         print(line + f"; same text with and without drafts: {ours.texts == plain.texts}")

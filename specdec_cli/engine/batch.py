@@ -563,10 +563,10 @@ class BatchEngine:
         next round decodes the rest. A cache more than the window behind re-reads only the window."""
         assert self.draft is not None
         offset = s.draft_offset
+        window = min(WINDOW, self.draft.n_batch // len(self.slots))
         for _ in range(2):
             ctx = s.context[offset:]
             keep = min(self.draft.common_prefix(ctx, s.seq), len(ctx) - 1)
-            window = min(WINDOW, self.draft.n_batch // len(self.slots))
             if len(ctx) - keep <= window:
                 break
             offset = len(s.context) - window
