@@ -13,8 +13,8 @@ arrivals seen while n slots were busy over the steps spent at n (the maximum-lik
 rate of a memoryless arrival process, with steps that ended otherwise counted as
 time without an arrival). Both counts decay, so the estimate follows the load. A
 server that takes one request at a time never sees its one slot joined: the horizon
-is unbounded and catch-up is spread over the request, as in a solo run. Four clients
-taking turns see the alone state end within a few steps: catch-up is not bought then.
+is unbounded and catch-up is spread over the request, as in a solo run. Clients
+taking turns (measured with two) see the alone state end within a few steps: catch-up is not bought then.
 """
 
 from __future__ import annotations
