@@ -244,3 +244,15 @@ def test_bench_bad_prompts_file(tmp_path: Path) -> None:
     f.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
     assert_one_line_error(bench("--prompts", str(f)), 2, "line 2")
     assert_one_line_error(bench("--prompts", str(tmp_path / "missing.jsonl")), 2, "missing.jsonl")
+
+
+@pytest.mark.parametrize("command", ["run", "chat", "serve", "bench", "pair-check", "models list"])
+def test_help_shows_flags_without_a_value_type(command: str) -> None:
+    """A flag takes no value: its help row has no type (typer 0.29 printed `--help <bool>`); options keep theirs."""
+    res = runner.invoke(app, [*command.split(), "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "<bool>" not in res.output
+    rows = [line for line in res.output.splitlines() if "--help" in line]
+    assert rows and "Show this message" in rows[0]
+    if command == "run":
+        assert "<int>" in res.output and "<path>" in res.output

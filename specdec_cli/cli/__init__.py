@@ -13,9 +13,24 @@ import sys
 from typing import Annotated
 
 import typer
+import typer.core
 
 from specdec_cli import __version__
 from specdec_cli.cli import bench, chat, models, pair_check, run, serve
+
+
+def _flags_show_no_type() -> None:
+    """Typer 0.29's help shows every flag with a value type (`--help <bool>`, `--json <bool>`), as if
+    it took `true`/`false`; a flag takes no value, so its type column stays empty (as click prints it)."""
+    shown = typer.core.TyperOption.display_type_rich
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: typer.core._click.Context) -> str | None:
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    typer.core.TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_show_no_type()
 
 app = typer.Typer(
     name="specdec",
