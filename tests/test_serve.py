@@ -222,6 +222,17 @@ def test_unknown_fields_are_ignored(server: LiveServer) -> None:
     assert r.status_code == 200, r.text
 
 
+def test_the_default_pair_answers_to_default_too(server: LiveServer, model_id: str) -> None:
+    """models.toml names the pair `specdec serve` serves with no flags `default`: a request may say so."""
+    from specdec_cli import registry
+
+    assert model_id == registry.load().default
+    for name in (model_id, "default"):
+        r = post(server, {"messages": MSG, "max_tokens": 2, "temperature": 0, "model": name})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == model_id
+
+
 def test_body_over_the_limit_is_413(server: LiveServer) -> None:
     from specdec_cli.server.app import MAX_BODY_BYTES
 

@@ -58,6 +58,7 @@ def serve(
     """Serve the pair over an OpenAI-compatible HTTP API (--parallel requests at a time, the rest queued)."""
     import uvicorn
 
+    from specdec_cli import registry
     from specdec_cli.api import GenerateOptions
     from specdec_cli.engine.config import validate_parallel
     from specdec_cli.errors import UsageError
@@ -76,7 +77,8 @@ def serve(
         sock = listen(host, port)  # before loading: a port in use is one line, at once
         with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel) as spec:
             model_id = spec.choice.pair or spec.choice.target.name
-            server = Server(spec, ServerSettings(model_id, options, key, max_queue))
+            aliases = frozenset({"default"}) if model_id == registry.load().default else frozenset()
+            server = Server(spec, ServerSettings(model_id, options, key, max_queue, aliases))
             config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=GRACEFUL_SECONDS, lifespan="off")  # fmt: skip
             web = QuietExit(config)

@@ -45,6 +45,7 @@ class ServerSettings:
     defaults: GenerateOptions  # the CLI's sampling and speculation options: a request overrides them
     api_key: str | None = None
     max_queue: int = 8
+    aliases: frozenset[str] = frozenset()  # other names a request may give the model ("default" for the default pair)
 
 
 class ApiError(Exception):
@@ -130,7 +131,7 @@ class Server:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise ApiError(400, f"{where}: {first['msg']}", param=where or None, code="invalid_value") from None
-        if body.model is not None and body.model != self.settings.model_id:
+        if body.model is not None and body.model not in {self.settings.model_id, *self.settings.aliases}:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
                                 f"{self.settings.model_id!r} (GET /v1/models)", param="model",
                            code="model_not_found")  # fmt: skip
