@@ -8,6 +8,7 @@ context it must, and the draft's cache a prefix of it; stats add up.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -119,6 +120,8 @@ def check_invariants(c: dict, target: FakeModel, draft: FakeModel, res, events) 
     stats = Stats.of(events)
     assert stats.emitted == len(out)
     assert stats.accepted <= stats.drafted
+    if stats.steps:  # tokens per pass: the end token counts as the last pass's product, once
+        assert stats.tokens_per_step == pytest.approx((len(out) + (res.stop_reason == "eos")) / stats.steps)
     assert sum(len(s.emitted) for s in res.steps) == len(out)
     for s in res.steps:
         assert s.n_accepted <= len(s.drafted) <= max(s.k, 0)
@@ -165,6 +168,16 @@ def test_a_stop_token_inside_an_accepted_run_ends_generation() -> None:
     (step,) = gen.result.steps
     assert step.n_accepted == 2  # a and the stop token were consumed; b was not
     assert Stats.of(events).emitted == 1
+
+
+def test_a_plain_run_ending_on_the_end_token_makes_one_token_per_pass() -> None:
+    """The pass that chose the end token produced it: a plain run reads 1.00 tokens per pass, not n / (n + 1)."""
+    out, _ = greedy_reference(FakeModel(V, 64, seed=5), [1, 2], 12)
+    target = FakeModel(V, 64, seed=5, eog=[out[6]])
+    gen = SpeculativeGenerator(target, None, [1, 2], GenerationConfig(max_tokens=12))
+    stats = Stats.of(list(gen.events()))
+    assert gen.result.stop_reason == "eos" and stats.emitted < stats.steps
+    assert stats.tokens_per_step == 1.0
 
 
 def test_batches_are_what_was_verified() -> None:

@@ -3,6 +3,8 @@
 drafted  = tokens proposed by the drafter, over all steps
 accepted = drafted tokens the target accepted and that were used (<= drafted)
 emitted  = accepted draft tokens + tokens the target chose = n_tokens
+tokens per pass = (emitted + end-of-generation tokens) / steps: the pass that chose the end token
+           produced it though it is not text (a plain run reads 1.00, not n / (n + 1))
 
 `Stats` aggregates events; `Stats.summary(wall_seconds)` is the one place that
 turns them into the figures a user sees (`RunStats`: generation time is the
@@ -86,6 +88,7 @@ class Stats:
     current_k: int = 0
     by_drafter: dict[str, list[int]] = field(default_factory=dict)  # name -> [steps chosen, drafted, accepted]
     plain_steps: int = 0  # steps that verified nothing (a plain one-token decode)
+    ended_on_eog: int = 0  # runs whose last step chose the end-of-generation token (not emitted)
     predicted: list[float] = field(default_factory=list)  # the auto drafter's prediction per step
     notes: list[str] = field(default_factory=list)
     last_choice: str | None = None  # the drafter the latest step verified (None: a plain decode)
@@ -122,6 +125,8 @@ class Stats:
             self.last_choice = step.drafter
         if step.note:
             self.notes.append(step.note)
+        if step.stop == "eos":
+            self.ended_on_eog += 1
         for tok in step.emitted:
             if tok.source == DRAFT:
                 self.emitted_from_draft += 1
@@ -145,7 +150,8 @@ class Stats:
         """Add another run's totals (a chat session sums its replies, bench sums its runs)."""
         self.predicted += other.predicted
         self.notes += other.notes
-        for name in ("drafted", "accepted", "steps", "emitted_from_draft", "emitted_from_target", "plain_steps"):
+        for name in ("drafted", "accepted", "steps", "emitted_from_draft", "emitted_from_target", "plain_steps",
+                     "ended_on_eog"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("t_draft", "t_target", "t_sample", "t_other", "t_prefill"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -170,7 +176,8 @@ class Stats:
 
     @property
     def tokens_per_step(self) -> float:
-        return self.emitted / self.steps if self.steps else 0.0
+        """Tokens per target pass, the end-of-generation token included (see the module's docstring)."""
+        return (self.emitted + self.ended_on_eog) / self.steps if self.steps else 0.0
 
     @property
     def accepted_by_position(self) -> list[float]:
