@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -104,6 +105,45 @@ def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) 
     assert first is not None and last is not None
     tokens = tokens or chunks
     return first - t0, tokens / max(last - first, 1e-9), tokens, "".join(text)
+
+
+def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int) -> Run:
+    """The same clients calling `Speculator.stream` from threads: the batch engine without HTTP (a diagnosis:
+    what the server layer costs on top of it)."""
+    ttft: list[float] = []
+    tps: list[float] = []
+    texts: dict[str, str] = {}
+    total = [0]
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        for i in range(requests):
+            prompt = PROMPTS[(c * requests + i) % len(PROMPTS)]
+            t0 = time.perf_counter()
+            first = last = None
+            n, text = 0, []
+            for chunk in spec.stream([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0):
+                if chunk.token_ids:
+                    last = time.perf_counter()
+                    first = first or last
+                    n += len(chunk.token_ids)
+                    text.append(chunk.text)
+            assert first is not None and last is not None
+            with lock:
+                ttft.append(first - t0)
+                tps.append(n / max(last - first, 1e-9))
+                total[0] += n
+                texts[prompt] = "".join(text)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ttft.sort()
+    return Run(total[0] / wall, statistics.median(ttft), p95(ttft), statistics.median(tps), total[0], texts, ttft)
 
 
 def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
@@ -219,6 +259,9 @@ def main() -> None:
     ap.add_argument("--exact-llama-server", action="store_true",
                     help="also run llama-server plain with specdec's exact-mode kernels (-fa off --no-repack, "
                          "GGML_CPU_TILED_MM=0): what exactness costs, apart from scheduling")
+    ap.add_argument("--in-process", action="store_true",
+                    help="also run specdec --no-draft without HTTP (Speculator.stream from the client threads): "
+                         "what the server layer costs")
     ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
@@ -234,6 +277,13 @@ def main() -> None:
                                                     slots(c), "--no-draft", *pair_flags,
                                                     env={"SPECDEC_CALIBRATE": "1"}, timeout=300),
     }  # fmt: skip
+    if args.in_process:
+        def in_process(c: int) -> Any:
+            from specdec_cli import api
+
+            return api.load(pair=args.pair, drafter=None, parallel=int(slots(c)), n_ctx=CTX, n_threads=2)
+
+        servers["specdec in-process --no-draft"] = in_process
     if args.llama_cpp_bin is not None:
         binary = args.llama_cpp_bin / "llama-server"
         servers["llama-server"] = lambda c: llama_server(binary, target, None, c)
@@ -252,9 +302,13 @@ def main() -> None:
             order = list(servers.items()) if r % 2 == 0 else list(reversed(servers.items()))
             for label, start in order:
                 with start(c) as s:  # type: ignore[operator]
-                    base = s if isinstance(s, str) else s.base_url
-                    one_request(base, "Hello", 8)  # warm up (specdec calibrates here on first use)
-                    run = measure(base, c, args.requests, args.max_tokens)
+                    if hasattr(s, "stream"):  # a Speculator: no HTTP
+                        s.generate("Hello", max_tokens=8)
+                        run = measure_in_process(s, c, args.requests, args.max_tokens)
+                    else:
+                        base = s if isinstance(s, str) else s.base_url
+                        one_request(base, "Hello", 8)  # warm up (specdec calibrates here on first use)
+                        run = measure(base, c, args.requests, args.max_tokens)
                 runs.setdefault((label, c), []).append(run)
                 print(f"{label:>20} c={c}: {run.tokens_per_second:6.1f} tok/s  TTFT p50 {run.ttft_p50 * 1000:5.0f} ms"
                       f"  p95 {run.ttft_p95 * 1000:5.0f} ms  per request {run.per_request:5.1f} tok/s",
