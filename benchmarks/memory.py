@@ -17,8 +17,8 @@ import subprocess
 import sys
 
 from specdec_cli import packaged
+from specdec_cli.engine.gguf import GGUFSummary
 from specdec_cli.engine.model import Model
-from specdec_cli.ggufinfo import GGUFSummary
 
 MB = 1024 * 1024
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_cli import runner
-from specdec_cli.engine import model as model_mod
+from specdec_cli.engine import native
 from specdec_cli.engine.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.config import (
@@ -441,12 +441,12 @@ def load(
         drafter=kind,
     )
     warnings = []
-    cores = model_mod.usable_cores()
+    cores = native.usable_cores()
     if n_threads is not None and n_threads > cores:
         # More threads than cores only adds contention (measured: 10 tokens in 120 s at 1000 threads).
         warnings.append(f"--threads {n_threads} is more than the {cores} cores this process may use: using {cores}")
         n_threads = cores
-    model_mod.set_verbose(verbose)
+    native.set_verbose(verbose)
     t, d, cross = runner.load_pair(
         choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         n_seq=parallel,

@@ -21,7 +21,8 @@ from pathlib import Path
 from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
 from specdec_cli.engine.estimates import BatchCosts
-from specdec_cli.engine.model import Model, usable_cores
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.native import usable_cores
 from specdec_cli.packaged import cache_dir
 
 VERSION = 1

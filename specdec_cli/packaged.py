@@ -93,7 +93,7 @@ def derived_draft(source: Path, qtype: str) -> Path:
     truncated or altered file is rebuilt. The file is written under a temporary
     name and renamed, so an interrupted build never looks complete.
     """
-    from specdec_cli.engine.model import quantize
+    from specdec_cli.engine.native import quantize
 
     out, meta = _derived_paths(source, qtype)
     out_dir = out.parent

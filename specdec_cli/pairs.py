@@ -12,12 +12,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specdec_cli.engine.model import VocabInfo
-
-if TYPE_CHECKING:
-    from specdec_cli.probe import ProbeResult
+from specdec_cli.engine.gguf import VocabInfo
 
 COMPATIBLE = "compatible"
 PADDED = "compatible (padded)"
@@ -185,8 +182,9 @@ class PairReport:
     def fits(self) -> bool:
         return self.memory_available is None or self.memory_needed <= self.memory_available
 
-    def as_dict(self, probe: ProbeResult | None = None) -> dict[str, Any]:
-        """`pair-check --json` (byte strings as text)."""
+    def as_dict(self, probe: Any = None) -> dict[str, Any]:
+        """`pair-check --json` (byte strings as text); `probe`: `--probe`'s result (probe.ProbeResult, which
+        runs generations through the API: this module, below the API, does not import it)."""
         payload: dict[str, Any] = _plain(dataclasses.asdict(self))
         payload["verdict"] = self.verdict.verdict
         payload["reason"] = self.verdict.reason
@@ -251,8 +249,8 @@ def round_trips(target: Any, draft: Any, template: str | None) -> list[RoundTrip
 
 def inspect_pair(target_path: Path, draft_path: Path, ctx_size: int) -> PairReport:
     """Everything pair-check reports, from the vocabularies and metadata only."""
+    from specdec_cli.engine.gguf import GGUFSummary, available_memory
     from specdec_cli.engine.model import Model
-    from specdec_cli.ggufinfo import GGUFSummary, available_memory
 
     with Model(target_path, vocab_only=True) as tm, Model(draft_path, vocab_only=True) as dm:
         tv, dv = tm.vocab_info(), dm.vocab_info()

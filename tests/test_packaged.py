@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specdec_cli import packaged
-from specdec_cli.engine import model as model_mod
+from specdec_cli.engine import native
 from specdec_cli.errors import ModelFileError
 
 
@@ -39,7 +39,7 @@ def test_derived_draft_cached_and_rebuilt_when_corrupt(tmp_path: Path, monkeypat
         calls.append(Path(dst))
         Path(dst).write_bytes(b"GGUF" + qtype.encode() * 50)
 
-    monkeypatch.setattr(model_mod, "quantize", fake_quantize)
+    monkeypatch.setattr(native, "quantize", fake_quantize)
     first = packaged.derived_draft(source, "Q2_K")
     assert len(calls) == 1 and first.exists()
     assert packaged.derived_draft(source, "Q2_K") == first and len(calls) == 1  # cached
@@ -61,7 +61,7 @@ def test_interrupted_build_leaves_nothing_that_looks_complete(tmp_path: Path, mo
         Path(dst).write_bytes(b"GGUF half")
         raise ModelFileError("quantizing failed")
 
-    monkeypatch.setattr(model_mod, "quantize", failing_quantize)
+    monkeypatch.setattr(native, "quantize", failing_quantize)
     with pytest.raises(ModelFileError):
         packaged.derived_draft(source, "Q2_K")
     assert not list((tmp_path / "derived").glob("*.gguf"))

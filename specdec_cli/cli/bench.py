@@ -67,7 +67,7 @@ def bench(
     """Measure configurations of one pair side by side: speed, speedup, acceptance, where the time goes."""
     from specdec_cli.api import GenerateOptions
     from specdec_cli.bench import core, external
-    from specdec_cli.engine.model import usable_cores
+    from specdec_cli.engine.native import usable_cores
     from specdec_cli.errors import UsageError
 
     out = Output(json_out)

@@ -103,7 +103,7 @@ def user_errors(on_error: Callable[[], None] | None = None) -> contextlib.Abstra
 
 def read_prompt(prompt: str | None) -> str:
     """The PROMPT argument, or stdin; checked to be UTF-8 before any model loads."""
-    from specdec_cli.engine.model import encode_utf8
+    from specdec_cli.engine.native import encode_utf8
 
     if prompt is None or prompt == "-":
         if prompt is None and sys.stdin.isatty():

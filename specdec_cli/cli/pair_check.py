@@ -38,11 +38,11 @@ def pair_check(
         raise usage_error("give TARGET and DRAFT paths, or --pair NAME")
 
     from specdec_cli import pairs, runner
-    from specdec_cli.engine import model as model_mod
+    from specdec_cli.engine import native
     from specdec_cli.engine.config import validate_runtime
 
     out = Output(json_out)
-    model_mod.set_verbose(runtime.verbose)
+    native.set_verbose(runtime.verbose)
     with out.errors():
         validate_runtime(runtime.ctx_size, runtime.threads)
         choice = runner.choose_models(target, draft, pair, no_draft=False)

@@ -1,210 +1,37 @@
-"""The one wrapper that owns llama.cpp handles; nothing else in specdec touches ctypes.
+"""A loaded model: its llama_model and llama_context handles, the batch, the KV cache bookkeeping.
 
 What speculative decoding needs from a model is small: tokenize and detokenize,
 decode a batch of tokens asking for logits at chosen positions only, read those
 logits as numpy *views* (no copy of the vocabulary unless the caller asks), and
 roll the KV cache back to a position. `Model` does exactly that and tracks which
 tokens its cache holds, so callers can reuse a common prefix instead of
-re-evaluating it.
+re-evaluating it. Only this module and engine/vocab.py (the llama_vocab handle) call into the
+ctypes bindings for a model; the process-wide side (bindings, exact mode, log, quantize) is
+engine/native.py, and what a GGUF file says is engine/gguf.py.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
-import errno
 import os
-import stat
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo, check_context_fits, check_gguf_file
+from specdec_cli.engine.native import (
+    bindings,
+    clear_log,
+    install_log_callback,
+    last_log_error,
+    load_failure,
+    usable_cores,
+)
 from specdec_cli.engine.specials import ControlTexts
+from specdec_cli.engine.vocab import Vocab
 from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelError, UsageError
-
-GGUF_MAGIC = b"GGUF"
-MAX_CTX = 2**31 - 1  # llama.cpp's n_ctx is a uint32; no model comes near this
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-# Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
-# is identical to the target alone only if a batch computes bit-identical logits
-# to single-token decoding. CPU kernels that break that are turned off: the tiled
-# K-quant matmul (taken above a batch-size floor), the repacked-weight GEMMs
-# ("extra buffer types", taken from 4 rows) and flash attention (see Model).
-# tests/test_engine.py checks bit-identity on the packaged models. ggml reads this
-# variable once per process.
-os.environ.setdefault("GGML_CPU_TILED_MM", "0")
-
-# llama.cpp's log goes through one process-wide callback: we keep the recent lines
-# (to explain a failed load) and forward them to stderr only when asked to.
-_LOG_LINES: collections.deque[str] = collections.deque(maxlen=200)
-_LOG_STATE = {"verbose": False, "installed": False}
-_LOG_LOCK = threading.Lock()
-_LOG_CALLBACK: Any = None  # keep a reference: ctypes must not collect it
-
-
-def _llama() -> Any:
-    """Import the ctypes bindings lazily so `--help` stays fast."""
-    import llama_cpp.llama_cpp as C  # noqa: N812
-
-    return C
-
-
-def set_verbose(verbose: bool) -> None:
-    """Show llama.cpp's own log on stderr (it is hidden by default)."""
-    _LOG_STATE["verbose"] = verbose
-    _install_log_callback()
-
-
-def _install_log_callback() -> None:
-    global _LOG_CALLBACK
-    with _LOG_LOCK:
-        if _LOG_STATE["installed"]:
-            return
-        C = _llama()  # noqa: N806
-
-        def _on_log(level: int, text: bytes | None, _user: Any) -> None:
-            if not text:
-                return
-            line = text.decode("utf-8", errors="replace")
-            _LOG_LINES.append(line)
-            if _LOG_STATE["verbose"]:
-                os.write(2, text)
-
-        _LOG_CALLBACK = C.llama_log_callback(_on_log)
-        C.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-        C.llama_backend_init()
-        _LOG_STATE["installed"] = True
-
-
-def _last_log_error() -> str:
-    """The most telling recent llama.cpp log line, for an error message.
-
-    llama.cpp logs the cause ("error loading model: tensor ... not within the file
-    bounds", or the GGUF reader's "this GGUF file is version 7 but ...") before a
-    generic "failed to load model": prefer the cause.
-    """
-    lines = [line.strip() for line in _LOG_LINES if line.strip()]
-    for line in lines:  # the GGUF reader names what is wrong with the header
-        if line.startswith("gguf_") and ": " in line and "failed to read" not in line:
-            return line.split(": ", 1)[1]
-    for line in reversed(lines):
-        if "error loading model:" in line:
-            cause = line.split("error loading model:", 1)[1].strip()
-            if "failed to load model from" not in cause:
-                return cause
-    for line in reversed(lines):
-        if "error" in line.lower() or "failed" in line.lower():
-            return line
-    return ""
-
-
-def check_gguf_file(path: str | os.PathLike[str]) -> Path:
-    """Fail early, with one clear line, on a path that cannot be a GGUF model.
-
-    Only a regular file is opened: a FIFO or a device would block the read (or
-    never end), so it is refused from its `stat`, which is also where a symlink
-    loop shows up.
-    """
-    p = Path(path).expanduser()
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise ModelFileError(f"model file not found: {p}") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ModelFileError(f"{p} is a symbolic link loop, not a model file") from None
-        raise ModelFileError(f"cannot read {p}: {exc.strerror}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ModelFileError(f"{p} is a directory, not a GGUF model file")
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device"
-        raise ModelFileError(f"{p} is {kind}, not a regular file: specdec reads models from regular files only")
-    try:
-        with p.open("rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ModelFileError(f"cannot read {p}: {exc.strerror}") from None
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(
-            f"{p} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); "
-            "convert it with llama.cpp's convert_hf_to_gguf.py or download a .gguf"
-        )
-    return p
-
-
-def encode_utf8(text: str, what: str = "the text") -> bytes:
-    """UTF-8 bytes, or a UsageError naming the first invalid byte.
-
-    Python decodes argv and stdin with surrogateescape, so invalid input arrives
-    as lone surrogates; they would otherwise fail deep inside tokenization.
-    """
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = ord(text[exc.start])
-        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"code point U+{bad:04X}"
-        raise UsageError(f"{what} is not valid UTF-8 ({byte} at character {exc.start})") from None
-
-
-def _load_failure(path: Path) -> str:
-    """What to tell the user when llama.cpp refuses a file."""
-    reason = _last_log_error()
-    size = path.stat().st_size
-    if any(line.startswith("gguf_") and "failed to read header" in line for line in _LOG_LINES):
-        return f"{path} ({size:,} bytes) has an invalid GGUF header: {reason or 'llama.cpp could not read it'}"
-    hint = f": {reason}" if reason else ""
-    return (
-        f"llama.cpp could not load {path} ({size:,} bytes){hint}. The file may be truncated "
-        "(re-download it) or use an architecture this llama.cpp build does not know"
-    )
-
-
-@dataclass(frozen=True)
-class VocabInfo:
-    """What decides whether two models can speculate together."""
-
-    n_vocab: int
-    vocab_type: int
-    bos: int
-    eos: int
-    eot: int
-    add_bos: bool
-    add_eos: bool
-    texts: tuple[bytes, ...]
-    eog_ids: frozenset[int]
-    special_ids: frozenset[int]  # control and user-defined tokens
-
-
-@dataclass(frozen=True)
-class SpecialTexts:
-    bos_text: str
-    eos_text: str
-    add_bos: bool
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    path: Path
-    description: str
-    file_size: int
-    n_params: int
-    n_ctx_train: int
-    n_swa: int
-    chat_template: str | None
-    metadata: dict[str, str]
 
 
 class Model:
@@ -233,8 +60,8 @@ class Model:
         unified: bool = False,
     ) -> None:
         self.path = check_gguf_file(path)
-        _install_log_callback()
-        C = _llama()  # noqa: N806
+        install_log_callback()
+        C = bindings()  # noqa: N806
         self._C = C
         self._model: Any = None
         self._ctx: Any = None
@@ -250,11 +77,11 @@ class Model:
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
-        mparams.use_extra_bufts = False  # see "Exact mode" above
-        _LOG_LINES.clear()
+        mparams.use_extra_bufts = False  # see "Exact mode" in engine/native.py
+        clear_log()
         model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            raise ModelFileError(_load_failure(self.path))
+            raise ModelFileError(load_failure(self.path))
         self._model = model
         try:
             self._init_context(n_ctx, n_threads, n_batch, vocab_only)
@@ -266,17 +93,14 @@ class Model:
         C = self._C  # noqa: N806
         model = self._model
         self._vocab_ptr = C.llama_model_get_vocab(model)
-        self.n_vocab = int(C.llama_vocab_n_tokens(self._vocab_ptr))
-        self._pieces: dict[int, bytes] = {}
-        self._eog: frozenset[int] | None = None
-        self._controls: ControlTexts | None = None
-        self._control_ids: frozenset[int] | None = None
+        self.vocab = Vocab(C, lambda: self._vocab)
+        self.n_vocab = self.vocab.n_vocab
         self.n_ctx = 0
         if vocab_only:
             return
 
         n_seq = self.n_seq
-        self._check_context_fits(n_ctx, n_seq)
+        self.warnings += check_context_fits(self.info(), n_ctx, n_seq)
         threads = n_threads or usable_cores()
         cparams = C.llama_context_default_params()
         cparams.n_ctx = n_ctx * n_seq
@@ -302,7 +126,7 @@ class Model:
             cparams.swa_full = True
         ctx = C.llama_init_from_model(model, cparams)
         if not ctx:
-            reason = _last_log_error()
+            reason = last_log_error()
             raise ModelFileError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for "
                 f"{self.path}{': ' + reason if reason else ''}; try a smaller --ctx-size"
@@ -323,31 +147,6 @@ class Model:
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
 
-    def _check_context_fits(self, n_ctx: int, n_seq: int = 1) -> None:
-        """Refuse a context whose KV cache cannot fit in memory, before llama.cpp tries to allocate it.
-
-        llama.cpp allocates the whole cache up front and the kernel overcommits, so
-        an absurd --ctx-size would otherwise grow to the machine's memory. Above the
-        model's training length it only warns (`self.warnings`).
-        """
-        from specdec_cli.ggufinfo import GGUFSummary, available_memory, human_gb
-
-        info = self.info()
-        need = GGUFSummary.from_info(info).kv_cache_bytes(n_ctx * n_seq)
-        have = available_memory()
-        if n_ctx * n_seq > MAX_CTX or (have is not None and need > have):
-            have_text = f"{human_gb(have)} available" if have is not None else "more than this machine has"
-            slots = f" for each of {n_seq} parallel sequences" if n_seq > 1 else ""
-            raise ContextError(
-                f"--ctx-size {n_ctx:,}{slots} needs about {human_gb(need)} of KV cache for {self.path.name}, "
-                f"{have_text}: choose a smaller --ctx-size (the model was trained on {info.n_ctx_train:,} tokens)"
-            )
-        if 0 < info.n_ctx_train < n_ctx:
-            self.warnings.append(
-                f"--ctx-size {n_ctx:,} is above {self.path.name}'s training context ({info.n_ctx_train:,} tokens): "
-                "past that, its output may degrade"
-            )
-
     # ------------------------------------------------------------------ info
     @property
     def _vocab(self) -> Any:
@@ -364,61 +163,6 @@ class Model:
     @property
     def name(self) -> str:
         return self.path.name
-
-    def vocab_info(self) -> VocabInfo:
-        C = self._C  # noqa: N806
-        v = self._vocab
-        texts = tuple(C.llama_vocab_get_text(v, i) or b"" for i in range(self.n_vocab))
-        special_mask = (1 << 3) | (1 << 4)  # LLAMA_TOKEN_ATTR_CONTROL | USER_DEFINED
-        special = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_get_attr(v, i) & special_mask)
-        return VocabInfo(
-            n_vocab=self.n_vocab,
-            vocab_type=int(C.llama_vocab_type(v)),
-            bos=int(C.llama_vocab_bos(v)),
-            eos=int(C.llama_vocab_eos(v)),
-            eot=int(C.llama_vocab_eot(v)),
-            add_bos=bool(C.llama_vocab_get_add_bos(v)),
-            add_eos=bool(C.llama_vocab_get_add_eos(v)),
-            texts=texts,
-            eog_ids=self.eog_ids,
-            special_ids=special,
-        )
-
-    def special_texts(self) -> SpecialTexts:
-        """BOS/EOS texts and flags, without reading the whole vocabulary."""
-        C = self._C  # noqa: N806
-        v = self._vocab
-        bos, eos = int(C.llama_vocab_bos(v)), int(C.llama_vocab_eos(v))
-
-        def text(i: int) -> str:
-            return (C.llama_vocab_get_text(v, i) or b"").decode("utf-8", "replace") if i >= 0 else ""
-
-        return SpecialTexts(text(bos), text(eos), bool(C.llama_vocab_get_add_bos(v)))
-
-    def control_ids(self) -> frozenset[int]:
-        """Ids of the CONTROL tokens (BOS, EOS, turn markers, unused slots)."""
-        if self._control_ids is None:
-            C = self._C  # noqa: N806
-            v = self._vocab
-            self._control_ids = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_get_attr(v, i) & (1 << 3))
-        return self._control_ids
-
-    def control_texts(self) -> ControlTexts:
-        """Texts of the CONTROL tokens: the only ones llama.cpp parses specially (and only when asked)."""
-        if self._controls is None:
-            C = self._C  # noqa: N806
-            v = self._vocab
-            texts = ((C.llama_vocab_get_text(v, i) or b"").decode("utf-8", "replace") for i in sorted(self.control_ids()))
-            self._controls = ControlTexts.of(texts)
-        return self._controls
-
-    @property
-    def eog_ids(self) -> frozenset[int]:
-        """End-of-generation tokens (EOS, EOT, <end_of_turn>, ...), per llama.cpp."""
-        if self._eog is None:
-            C = self._C  # noqa: N806
-            self._eog = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_is_eog(self._vocab, i))
-        return self._eog
 
     def info(self) -> ModelInfo:
         C = self._C  # noqa: N806
@@ -450,32 +194,31 @@ class Model:
             metadata=meta,
         )
 
+    # ------------------------------------------------------------ vocabulary (engine/vocab.py)
+    def vocab_info(self) -> VocabInfo:
+        return self.vocab.info()
+
+    def special_texts(self) -> SpecialTexts:
+        return self.vocab.special_texts()
+
+    def control_ids(self) -> frozenset[int]:
+        return self.vocab.control_ids()
+
+    def control_texts(self) -> ControlTexts:
+        return self.vocab.control_texts()
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self.vocab.eog_ids
+
     def token_text(self, token: int) -> bytes:
-        """The bytes a token renders as (special tokens render as nothing)."""
-        piece = self._pieces.get(token)
-        if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = self._C.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = self._C.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-            piece = buf.raw[:n]
-            self._pieces[token] = piece
-        return piece
+        return self.vocab.token_text(token)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.token_text(t) for t in tokens).decode("utf-8", "replace")
+        return self.vocab.detokenize(tokens)
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        data = encode_utf8(text)
-        cap = len(data) + 16
-        arr = (self._C.llama_token * cap)()
-        n = self._C.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            arr = (self._C.llama_token * cap)()
-            n = self._C.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
-        return list(arr[:n])
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     # ---------------------------------------------------------------- decode
     def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:
@@ -652,24 +395,3 @@ class Model:
             self.close()
         except Exception:
             pass
-
-
-# llama_ftype values for the quantizations we derive models with (F32: a dequantized, bandwidth-bound target).
-QUANT_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q4_K_M": 15}
-
-
-def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str, n_threads: int = 0) -> None:
-    """Requantize a GGUF through llama.cpp's quantize API (used to derive drafts)."""
-    if qtype not in QUANT_TYPES:
-        raise ModelFileError(f"unknown quantization {qtype!r}; choose one of {', '.join(QUANT_TYPES)}")
-    check_gguf_file(src)
-    _install_log_callback()
-    C = _llama()  # noqa: N806
-    params = C.llama_model_quantize_default_params()
-    params.ftype = QUANT_TYPES[qtype]
-    params.allow_requantize = True
-    params.nthread = n_threads
-    ret = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if ret != 0:
-        reason = _last_log_error()
-        raise ModelFileError(f"quantizing {src} to {qtype} failed{': ' + reason if reason else ''}")

@@ -1,0 +1,152 @@
+"""llama.cpp's process-wide side: the bindings, exact mode's kernel switch, the log, cores, quantize.
+
+The ctypes bindings are imported here, lazily (`bindings()`), so that `--help` stays fast; only
+engine/model.py and engine/vocab.py call into them for a model's handles.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from specdec_cli.engine.gguf import check_gguf_file
+from specdec_cli.errors import ModelFileError, UsageError
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+# Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
+# is identical to the target alone only if a batch computes bit-identical logits
+# to single-token decoding. CPU kernels that break that are turned off: the tiled
+# K-quant matmul (taken above a batch-size floor), the repacked-weight GEMMs
+# ("extra buffer types", taken from 4 rows) and flash attention (see Model).
+# tests/test_engine.py checks bit-identity on the packaged models. ggml reads this
+# variable once per process.
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
+# llama.cpp's log goes through one process-wide callback: we keep the recent lines
+# (to explain a failed load) and forward them to stderr only when asked to.
+_LOG_LINES: collections.deque[str] = collections.deque(maxlen=200)
+_LOG_STATE = {"verbose": False, "installed": False}
+_LOG_LOCK = threading.Lock()
+_LOG_CALLBACK: Any = None  # keep a reference: ctypes must not collect it
+
+
+
+def bindings() -> Any:
+    """Import the ctypes bindings lazily so `--help` stays fast."""
+    import llama_cpp.llama_cpp as C  # noqa: N812
+
+    return C
+
+
+def set_verbose(verbose: bool) -> None:
+    """Show llama.cpp's own log on stderr (it is hidden by default)."""
+    _LOG_STATE["verbose"] = verbose
+    install_log_callback()
+
+
+def install_log_callback() -> None:
+    global _LOG_CALLBACK
+    with _LOG_LOCK:
+        if _LOG_STATE["installed"]:
+            return
+        C = bindings()  # noqa: N806
+
+        def _on_log(level: int, text: bytes | None, _user: Any) -> None:
+            if not text:
+                return
+            line = text.decode("utf-8", errors="replace")
+            _LOG_LINES.append(line)
+            if _LOG_STATE["verbose"]:
+                os.write(2, text)
+
+        _LOG_CALLBACK = C.llama_log_callback(_on_log)
+        C.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _LOG_STATE["installed"] = True
+
+
+def clear_log() -> None:
+    """Forget earlier lines (before a load, so that its failure is explained by its own)."""
+    _LOG_LINES.clear()
+
+
+def last_log_error() -> str:
+    """The most telling recent llama.cpp log line, for an error message.
+
+    llama.cpp logs the cause ("error loading model: tensor ... not within the file
+    bounds", or the GGUF reader's "this GGUF file is version 7 but ...") before a
+    generic "failed to load model": prefer the cause.
+    """
+    lines = [line.strip() for line in _LOG_LINES if line.strip()]
+    for line in lines:  # the GGUF reader names what is wrong with the header
+        if line.startswith("gguf_") and ": " in line and "failed to read" not in line:
+            return line.split(": ", 1)[1]
+    for line in reversed(lines):
+        if "error loading model:" in line:
+            cause = line.split("error loading model:", 1)[1].strip()
+            if "failed to load model from" not in cause:
+                return cause
+    for line in reversed(lines):
+        if "error" in line.lower() or "failed" in line.lower():
+            return line
+    return ""
+
+
+def load_failure(path: Path) -> str:
+    """What to tell the user when llama.cpp refuses a file."""
+    reason = last_log_error()
+    size = path.stat().st_size
+    if any(line.startswith("gguf_") and "failed to read header" in line for line in _LOG_LINES):
+        return f"{path} ({size:,} bytes) has an invalid GGUF header: {reason or 'llama.cpp could not read it'}"
+    hint = f": {reason}" if reason else ""
+    return (
+        f"llama.cpp could not load {path} ({size:,} bytes){hint}. The file may be truncated "
+        "(re-download it) or use an architecture this llama.cpp build does not know"
+    )
+
+
+
+def encode_utf8(text: str, what: str = "the text") -> bytes:
+    """UTF-8 bytes, or a UsageError naming the first invalid byte.
+
+    Python decodes argv and stdin with surrogateescape, so invalid input arrives
+    as lone surrogates; they would otherwise fail deep inside tokenization.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"code point U+{bad:04X}"
+        raise UsageError(f"{what} is not valid UTF-8 ({byte} at character {exc.start})") from None
+
+
+# llama_ftype values for the quantizations we derive models with (F32: a dequantized, bandwidth-bound target).
+QUANT_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_S": 11, "Q3_K_M": 12, "Q4_K_M": 15}
+
+
+def quantize(src: str | os.PathLike[str], dst: str | os.PathLike[str], qtype: str, n_threads: int = 0) -> None:
+    """Requantize a GGUF through llama.cpp's quantize API (used to derive drafts)."""
+    if qtype not in QUANT_TYPES:
+        raise ModelFileError(f"unknown quantization {qtype!r}; choose one of {', '.join(QUANT_TYPES)}")
+    check_gguf_file(src)
+    install_log_callback()
+    C = bindings()  # noqa: N806
+    params = C.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[qtype]
+    params.allow_requantize = True
+    params.nthread = n_threads
+    ret = C.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if ret != 0:
+        reason = last_log_error()
+        raise ModelFileError(f"quantizing {src} to {qtype} failed{': ' + reason if reason else ''}")

@@ -1,0 +1,48 @@
+"""The package's shape: no import cycles (lazy imports included), and one module imports llama.cpp's bindings."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import specdec_cli
+
+ROOT = Path(specdec_cli.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path, mods: dict[str, Path]) -> list[str]:
+    """Every module an import anywhere in the file names (inside functions and TYPE_CHECKING too):
+    `from package import module` names the module; `from module import name`, the module."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names += [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                      for a in node.names]  # fmt: skip
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
+
+
+def test_no_import_cycles() -> None:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for name in _imports(path, mods):
+            if name in mods and name != mod:
+                graph[mod].add(name)
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the cycle
+
+
+def test_only_native_imports_the_bindings() -> None:
+    mods = _modules()
+    importers = {m for m, p in mods.items() if any(n.startswith("llama_cpp") for n in _imports(p, mods))}
+    assert importers == {"specdec_cli.engine.native"}
