@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec_cli import api
-from specdec_cli.engine.batch import filled, ubatch_sizes
+from specdec_cli.engine.batch_plan import filled, ubatch_sizes
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.occupancy import Occupancy

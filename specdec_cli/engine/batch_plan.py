@@ -1,0 +1,284 @@
+"""The batch engine's planner: how many tokens each generating slot drafts this step, and from where.
+
+Each candidate plan (every slot drafting up to m-1 tokens, from its n-gram lookup only or with the
+draft model) is valued as expected tokens over cost, in single-token target decodes: the target
+batch as llama.cpp will split it (`ubatch_sizes`), or filled to one micro-batch where that is
+cheaper, less what the step's prompt chunks cost anyway, plus the draft rounds. A plan with model
+drafts must win in the steady state and again with its caches' one-time catch-up spread over the
+steps it can pay back in (engine/occupancy.py). README, "Concurrent requests", tells the whole story.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdec_cli.engine.auto import AutoState
+from specdec_cli.engine.batch_slots import BatchJob, Slot
+from specdec_cli.engine.config import AUTO, MODEL, NGRAM, NONE
+from specdec_cli.engine.drafters import DraftRequest, Proposal
+from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, perfect_speedup
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.occupancy import Occupancy
+
+WINDOW = 64  # a draft cache that fell further behind than this re-reads only the last WINDOW tokens
+FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this
+EXPLORE, EXPLORE_RATE = 3, 0.95  # model steps verified before its measured acceptance decides; assumed till then
+MIN_MARGINAL = 0.05  # the least a step's generation is priced at beside prompt chunks (single-token decodes)
+
+
+def ubatch_sizes(counts: Sequence[int], n_ubatch: int) -> list[int]:
+    """The micro-batches llama.cpp makes of a multi-stream batch with counts[s] tokens of sequence s
+    (ordered by sequence, as the engine builds it): llama_batch_allocr::split_equal(sequential=true)
+    takes a run of consecutive sequence ids and the same number of tokens from each."""
+    rem = list(counts)
+    sizes: list[int] = []
+    while any(rem):
+        start = next(s for s, c in enumerate(rem) if c)
+        run = [start]
+        while run[-1] + 1 < len(rem) and rem[run[-1] + 1] and len(run) < n_ubatch:
+            run.append(run[-1] + 1)
+        n = max(1, min(min(rem[s] for s in run), n_ubatch // len(run)))
+        for s in run:
+            rem[s] -= n
+        sizes.append(n * len(run))
+    return sizes
+
+
+def batch_cost(counts: Sequence[int], costs: BatchCosts, n_ubatch: int) -> float:
+    """What decoding these counts costs, in single-token decodes: one pass per micro-batch."""
+    return sum(costs.relative(b) for b in ubatch_sizes(counts, n_ubatch))
+
+
+def filled(counts: Sequence[int], gen: Sequence[int]) -> list[int]:
+    """`counts` with every sequence from the first to the last generating one raised to the largest
+    generating count (a gap or a short proposal filled), so that they make one micro-batch."""
+    if not gen:
+        return list(counts)
+    lo, hi = min(gen), max(gen)
+    top = max(counts[s] for s in gen)
+    out = list(counts)
+    for s in range(lo, hi + 1):
+        if s in gen or counts[s] == 0:
+            out[s] = top
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    source: str  # NGRAM, MODEL or "plain"
+    n: int  # tokens to draft
+    expected: float  # tokens the slot is expected to emit
+
+
+class Planner:
+    """Each step's drafts for the batch engine (engine/batch.py, which owns it and runs the step): per
+    generating slot, how many tokens and from where, priced by the passes llama.cpp's split will cost."""
+
+    def __init__(self, target: Model, draft: Model | None, state: AutoState, draft_costs: BatchCosts, *,
+                 n_slots: int, model_k_max: int | None, budget: int) -> None:  # fmt: skip
+        self.target = target
+        self.draft = draft
+        self.state = state
+        self.draft_costs = draft_costs
+        self.n_slots = n_slots
+        self.model_k_max = model_k_max
+        self.budget = budget  # target tokens per step (prompt chunks included)
+        self.draft_broken: str | None = None  # why the draft model was dropped (the engine sets it)
+        self.occupancy = Occupancy()
+        self._behind_now: dict[int, int] = {}  # this step: tokens each slot's draft cache must catch up
+        self._left: dict[int, int] = {}  # this step: tokens each slot may still generate
+        self._alone = False  # this step: one slot generates and no prompt waits
+        self._horizon = math.inf  # this step: steps expected before the batch grows (catch-up is spread over them)
+
+    def _draft_unit(self) -> float | None:
+        """c_d: a draft token's cost in single-token target decodes. Both measured live, or both from
+        the calibration: this machine's speed drifts, and a calibrated draft time over a live target
+        time would price the draft at another moment's speed."""
+        st, dc = self.state, self.draft_costs
+        t_live, d_live = st.costs.measured(1), dc.measured(1)
+        t_cal, d_cal = st.costs.prior_one, dc.prior_one or st.draft_token_seconds
+        if t_live and d_live:
+            return d_live / t_live
+        if t_cal and d_cal:
+            return d_cal / t_cal
+        d, t = d_live or d_cal, t_live or t_cal
+        return d / t if d and t else None
+
+    def _model_could_pay(self) -> bool:
+        unit = self._draft_unit()
+        if unit is None:
+            return True  # not measured yet: the first drafts measure it
+        return perfect_speedup(self.state.costs, self.model_k_max or 8, unit)[1] > 1.0
+
+    @staticmethod
+    def _cap_kind(job: BatchJob) -> int:
+        return 0 if job.kind == NONE or job.config.reproducible else job.k_max
+
+    def fillers(self, counts: list[int], gen: list[int], room: int) -> dict[int, int]:
+        """Tokens to add (and roll back) per sequence when one micro-batch then costs less than the split."""
+        if not gen:
+            return {}
+        n_ub = self.target.n_batch
+        full = filled(counts, gen)
+        extra = {s: full[s] - counts[s] for s in range(len(counts)) if full[s] > counts[s]}
+        if not extra or sum(extra.values()) > min(room, FILLER_TOKEN_LIMIT):
+            return {}
+        for s in extra:  # a filler must fit in that sequence's context
+            if len(self.target.seq_tokens[s]) + counts[s] + extra[s] > self.target.n_ctx:
+                return {}
+        costs = self.state.costs
+        if batch_cost(full, costs, n_ub) < batch_cost(counts, costs, n_ub):
+            return extra
+        return {}
+
+    # ------------------------------------------------------------ planning
+    def _draft_usable(self) -> bool:
+        return self.draft is not None and self.draft_broken is None
+
+    def _cap(self, s: Slot) -> int:
+        assert s.job is not None
+        return max(0, min(self._cap_kind(s.job), self._tokens_left(s) - 1))
+
+    def plan(self, gen: list[Slot], pre: list[Slot]) -> dict[int, Choice]:
+        """Each generating slot's draft: the plan with the most expected tokens per unit of time."""
+        caps = {s.seq: self._cap(s) for s in gen}
+        for s in gen:
+            assert s.job is not None and s.gen is not None
+            s.proposal = s.lookup = Proposal()
+            if s.job.kind in (AUTO, NGRAM) and caps[s.seq]:
+                req = DraftRequest(s.context, caps[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
+                s.lookup = s.ngram.propose(req)  # free: every step, verified or not, for shadow scoring
+                s.shadow.propose(len(s.context), s.lookup.tokens)
+        if not gen or not any(caps.values()):
+            return {}
+        st = self.state
+        one = st.costs.one
+        if one is None:  # nothing prices a step until a single-token decode has been timed
+            return {}
+        pre_counts = [0] * self.n_slots
+        left = self.budget
+        for s in pre:
+            assert s.job is not None
+            n = min(len(s.job.prompt) - s.prefilled, left)
+            pre_counts[s.seq], left = max(n, 0), left - max(n, 0)
+        unit = self._draft_unit()
+        model_ok = self._draft_usable() and unit is not None and self._model_could_pay()
+        self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
+        self._left = {s.seq: self._tokens_left(s) for s in gen}
+        self._alone = len(gen) == 1 and not pre
+        # A prompt being read joins the generating slots within a step or two; else the measured rate
+        self._horizon = 1.0 if pre else self.occupancy.steps_until_growth(len(gen))
+        # The best plan in the steady state (every draft cache a token or two behind). A plan that
+        # drafts with the model must then still win once its caches' one-time catch-up is priced:
+        # a batch where the model does not pay even when caught up never pays for catching up.
+        best: dict[bool, tuple[float, dict[int, Choice]]] = {False: (0.0, {}), True: (0.0, {})}
+        # Without model drafts, plans longer than the longest n-gram proposal are the same plan again
+        fixed = any(s.job is not None and s.job.kind == MODEL for s in gen)  # drafts whatever the plan
+        longest = max(len(s.lookup.tokens) for s in gen)
+        top = max(caps.values()) if model_ok or fixed else min(max(caps.values()), longest)
+        if top == 0:
+            return {}  # nothing to draft from: a plain step
+        for m in range(1, top + 2):
+            for use_model in ((False, True) if model_ok else (False,)):
+                plan: dict[int, Choice] = {}
+                for s in gen:
+                    assert s.job is not None
+                    plan[s.seq] = self._slot_choice(s, min(m - 1, caps[s.seq]), use_model)
+                value = self._value(plan, pre_counts, unit, steady=True)
+                if m == 1:
+                    value *= MIN_GAIN  # drafting must beat plain batching by a margin
+                key = any(c.source == MODEL for c in plan.values())
+                if value > best[key][0]:
+                    best[key] = (value, plan)
+        (v_free, free), (v_model, with_model) = best[False], best[True]
+        if with_model and v_model > v_free and self._value(with_model, pre_counts, unit) > v_free:
+            return with_model
+        return free
+
+    def _slot_choice(self, s: Slot, n: int, use_model: bool) -> Choice:
+        assert s.job is not None
+        kind = s.job.kind
+        model_cap = n if self.model_k_max is None else min(n, self.model_k_max)
+        if kind == MODEL and self._draft_usable():  # a fixed draft length, whatever the plan
+            k = self._cap(s) if self.model_k_max is None else min(self._cap(s), self.model_k_max)
+            return Choice(MODEL, k, self.state.model.expected(k))
+        best = Choice("plain", 0, 1.0)
+        if n and s.lookup.tokens:
+            j = min(n, len(s.lookup.tokens))
+            best = Choice(NGRAM, j, s.shadow.acceptance.expected(j))
+        if use_model and kind == AUTO and model_cap:
+            e = self._model_expected(model_cap)
+            if e > best.expected:
+                best = Choice(MODEL, model_cap, e)
+        return best
+
+    def _model_expected(self, k: int) -> float:
+        """E(k) for a model draft: its measured acceptance, or, before EXPLORE verified model steps and
+        while a slot runs alone (trying it then delays no other request), an optimistic one, so that a
+        draft that may pay gets tried and measured (it then decides)."""
+        acc = self.state.model
+        if acc.n >= EXPLORE or not self._alone:
+            return acc.expected(k)
+        return 1.0 + sum(EXPLORE_RATE ** (i + 1) for i in range(k))
+
+    def _value(self, plan: dict[int, Choice], pre_counts: list[int], unit: float | None, steady: bool = False) -> float:
+        """Expected tokens over cost (single-token target decodes) of the target batch and the draft rounds
+        (`steady`: as if every draft cache were caught up but for a token or two)."""
+        st = self.state
+        counts = list(pre_counts)
+        for seq, c in plan.items():
+            counts[seq] = 1 + c.n
+        n_ub = self.target.n_batch
+        cost = batch_cost(counts, st.costs, n_ub)
+        full = filled(counts, list(plan))
+        if sum(full) - sum(counts) <= FILLER_TOKEN_LIMIT:
+            cost = min(cost, batch_cost(full, st.costs, n_ub))
+        if any(pre_counts):  # prompt chunks are paid whatever the plan: price what generation adds
+            cost = max(cost - batch_cost(pre_counts, st.costs, n_ub), MIN_MARGINAL)
+        drafting = {seq: c.n for seq, c in plan.items() if c.source == MODEL and c.n}
+        if drafting and unit is not None:
+            # Round 0 catches each draft cache up: a token or two after a model step, up to the window
+            # after other steps. That longer catch-up is paid once and lets the steps after it draft, so
+            # it is spread over the steps the request has left (at the draft's expected tokens a step),
+            # or fewer: those expected before another request joins the batch (engine/occupancy.py).
+            behind = {seq: self._behind_now.get(seq, 1) for seq in drafting}
+            cost += self._round(sum(min(b, 2) for b in behind.values()), unit)
+            for seq, b in behind.items():
+                if b > 2 and not steady:
+                    steps_left = max(1.0, min(self._left.get(seq, 1) / plan[seq].expected, self._horizon))
+                    cost += (self._round(b, unit) - self._round(2, unit)) / steps_left
+            for r in range(1, max(drafting.values())):
+                cost += self._round(sum(1 for n in drafting.values() if n > r), unit)
+        return sum(c.expected for c in plan.values()) / cost
+
+    def _round(self, b: int, unit: float) -> float:
+        """A draft round of b tokens in the target's units: as this engine measured rounds of b (seconds
+        over the target's one-token time, as the target's own measured sizes are), else calibrated."""
+        live, one = self.draft_costs.measured(b), self.state.costs.one
+        return live / one if live is not None and one else unit * self.draft_costs.relative(b)
+
+    def _tokens_left(self, s: Slot) -> int:
+        assert s.job is not None
+        room = self.target.n_ctx - (len(s.context) - 1)
+        return max(1, min(room, s.job.config.max_tokens - len(s.job.result.token_ids)))
+
+    def catch_up(self, s: Slot) -> tuple[int, int]:
+        """(the context offset the draft cache will follow, how much of context[offset:] it keeps): its
+        next round decodes the rest. A cache more than the window behind re-reads only the window."""
+        assert self.draft is not None
+        offset = s.draft_offset
+        window = min(WINDOW, self.draft.n_batch // self.n_slots)
+        for _ in range(2):
+            ctx = s.context[offset:]
+            keep = min(self.draft.common_prefix(ctx, s.seq), len(ctx) - 1)
+            if len(ctx) - keep <= window:
+                break
+            offset = len(s.context) - window
+        return offset, keep
+
+    def _behind(self, s: Slot) -> int:
+        """Tokens the slot's draft cache must decode in its next round."""
+        offset, keep = self.catch_up(s)
+        return len(s.context) - offset - keep

@@ -1,0 +1,111 @@
+"""What the batch engine steps: a submitted generation (`BatchJob`), the slot that runs it (`Slot`: one
+sequence in the target's and the draft's contexts), and one sequence seen as a single-sequence model
+(`SeqView`, for the verifier)."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdec_cli.engine.config import GenerationConfig
+from specdec_cli.engine.drafters import NgramDrafter, Proposal
+from specdec_cli.engine.events import Event, Result
+from specdec_cli.engine.gate import ShadowScore
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.speculative import SpeculativeGenerator
+
+END = object()  # a job's last queue item
+
+
+@dataclass(eq=False)
+class BatchJob:
+    """One generation submitted to the engine; iterate `events()` from any thread, then read `result`."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    kind: str  # AUTO, MODEL, NGRAM or NONE
+    should_stop: Callable[[], bool] = lambda: False
+    k_max: int = 8
+    result: Result = field(init=False)
+    n_cached: int = 0  # prompt tokens the slot's cache already held
+    slot: int = -1
+    _queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+
+    def __post_init__(self) -> None:
+        self.result = Result(text="", token_ids=[], stop_reason="", n_prompt=len(self.prompt))
+
+    def events(self) -> Iterator[Event]:
+        while True:
+            item = self._queue.get()
+            if item is END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+@dataclass(eq=False)
+class Slot:
+    seq: int
+    job: BatchJob | None = None
+    gen: SpeculativeGenerator | None = None
+    context: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens in the target's cache (of the prompt[:-1] the prefill covers)
+    draft_offset: int = 0  # the draft cache holds context[draft_offset:]
+    index: int = 0  # the next step's index
+    started: float = 0.0
+    t_prefill: float = 0.0
+    ngram: NgramDrafter = field(default_factory=NgramDrafter)
+    shadow: ShadowScore = field(default_factory=ShadowScore)
+    proposal: Proposal = field(default_factory=Proposal)  # what this step verifies
+    lookup: Proposal = field(default_factory=Proposal)  # this step's n-gram proposal, at the slot's cap
+
+    @property
+    def generating(self) -> bool:
+        return self.job is not None and self.prefilled >= len(self.job.prompt) - 1 and bool(self.context)
+
+
+class SeqView:
+    """One sequence of a multi-sequence `Model`, as the `LanguageModel` the verifier expects."""
+
+    def __init__(self, model: Model, seq: int) -> None:
+        self.model, self.seq = model, seq
+        self.n_vocab, self.n_ctx = model.n_vocab, model.n_ctx
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.model.seq_tokens[self.seq]
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.model.decode_seconds
+
+    @property
+    def decoded_tokens(self) -> int:
+        return self.model.decoded_tokens
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self.model.eog_ids
+
+    def token_text(self, token: int) -> bytes:
+        return self.model.token_text(token)
+
+    def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        return self.model.decode(tokens, n_logits, seq=self.seq)
+
+    def rollback(self, n_keep: int) -> None:
+        self.model.rollback(n_keep, self.seq)
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return self.model.common_prefix(tokens, self.seq)
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        self.model.prefill(tokens, self.seq)
