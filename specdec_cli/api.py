@@ -23,8 +23,7 @@ import copy
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,127 +49,15 @@ from specdec_cli.engine.config import (
 )
 from specdec_cli.engine.cross import CrossDrafter, CrossVocab
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Step
+from specdec_cli.engine.events import DRAFT, Step
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.policies import compose
 from specdec_cli.engine.speculative import SpeculativeGenerator
-from specdec_cli.engine.stats import RunStats, Stats
 from specdec_cli.errors import UsageError
+from specdec_cli.generation import Chunk, Generation, GenerationRun, Message, Prompt, PromptTokens
 
-__all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Speculator", "load"]
-
-Message = Mapping[str, str]
-Prompt = str | Sequence[Message]
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One finished generation: `stats` has exactly the fields of `specdec run --json`'s."""
-
-    text: str
-    token_ids: list[int]
-    stop_reason: str  # "eos", "length", "context", "interrupted"
-    n_prompt_tokens: int
-    stats: RunStats
-    models: dict[str, str | None]
-    settings: dict[str, Any]
-    steps: tuple[Step, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """The object `specdec run --json` prints."""
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "n_tokens": len(self.token_ids),
-            "stop_reason": self.stop_reason,
-            "n_prompt_tokens": self.n_prompt_tokens,
-            "models": self.models,
-            "settings": self.settings,
-            "stats": self.stats.as_dict(),
-        }
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Streamed text; `from_draft[i]` says whether token i was a draft token the target accepted."""
-
-    text: str
-    token_ids: tuple[int, ...] = ()
-    from_draft: tuple[bool, ...] = ()
-    generation: Generation | None = None  # set on the last chunk only
-
-
-@dataclass(frozen=True)
-class PromptTokens:
-    ids: list[int]
-    used_chat: bool
-
-
-class GenerationRun:
-    """One generation in progress: iterate `events()` (plain engine events), then read `generation`.
-
-    `cancel()` (from any thread), or the `cancel` callable/event given to `start`,
-    stops it at the next step with both caches consistent.
-    """
-
-    def __init__(
-        self, owner: Speculator, gen: SpeculativeGenerator | BatchJob, settings: dict[str, Any], cancel: Any
-    ) -> None:
-        self._owner = owner
-        self._gen = gen
-        self._settings = settings
-        self._external = cancel
-        self._cancelled = threading.Event()
-        self.stats = Stats()
-        # prompt tokens the target's cache already held (a batch job knows once it has a slot)
-        self._n_cached = 0 if isinstance(gen, BatchJob) else owner.target.common_prefix(gen.prompt)
-
-    @property
-    def n_cached(self) -> int:
-        """Prompt tokens the target did not evaluate again (the cache held them: prefix reuse)."""
-        return self._gen.n_cached if isinstance(self._gen, BatchJob) else min(self._n_cached, len(self._gen.prompt) - 1)
-
-    def _should_stop(self) -> bool:
-        ext = self._external
-        if self._cancelled.is_set():
-            return True
-        if isinstance(ext, threading.Event):
-            return ext.is_set()
-        return bool(ext()) if callable(ext) else False
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-
-    def events(self) -> Iterator[Event]:
-        lock = self._owner._lock if self._owner.parallel == 1 else threading.Lock()  # parallel: any number at once
-        if not lock.acquire(blocking=False):
-            raise UsageError(
-                "this Speculator is already generating: one generation at a time per loaded pair "
-                "(load it with parallel=N for several at once)"
-            )
-        try:
-            for ev in self._gen.events():
-                self.stats.observe(ev)
-                if isinstance(ev, DrafterDropped):  # only a draft model is ever dropped
-                    self._owner.draft_broken = ev.reason
-                yield ev
-        finally:
-            lock.release()
-
-    @property
-    def generation(self) -> Generation:
-        res = self._gen.result
-        return Generation(
-            text=res.text,
-            token_ids=list(res.token_ids),
-            stop_reason=res.stop_reason or "interrupted",
-            n_prompt_tokens=res.n_prompt,
-            stats=self.stats.summary(res.wall_seconds),
-            models=self._owner.models,
-            settings=self._settings,
-            steps=tuple(res.steps),
-        )
-
+__all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Message", "Prompt", "PromptTokens",
+           "Speculator", "load"]
 
 class Speculator:
     """A loaded target (and draft) with their KV caches; see `load`."""
@@ -256,12 +143,15 @@ class Speculator:
         run: GenerationRun
         if self.parallel > 1:
             job = BatchJob(tokens.ids, config, kind, should_stop=lambda: run._should_stop(), k_max=config.draft_max)
-            run = GenerationRun(self, job, self._settings(opts, kind, config, tokens.used_chat), cancel)
+            run = GenerationRun(job, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
+                                on_draft_dropped=self._draft_dropped)  # fmt: skip
             self.batch_engine().submit(job)
             return run
         gen = SpeculativeGenerator(self.target, self._make_drafter(kind, config), tokens.ids, config,
                                    should_stop=lambda: run._should_stop())  # fmt: skip
-        run = GenerationRun(self, gen, self._settings(opts, kind, config, tokens.used_chat), cancel)
+        run = GenerationRun(gen, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
+                            lock=self._lock, n_cached=self.target.common_prefix(gen.prompt),
+                            on_draft_dropped=self._draft_dropped)  # fmt: skip
         return run
 
     def generate(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Generation:
@@ -282,6 +172,9 @@ class Speculator:
         yield Chunk("", generation=run.generation)
 
     # ------------------------------------------------------------ helpers
+    def _draft_dropped(self, reason: str) -> None:
+        self.draft_broken = reason  # later generations start without the draft model
+
     def _kind(self, requested: str | None) -> str:
         kind = check_drafter(requested or self.drafter)
         if kind == MODEL and self.draft is None:

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycles (lazy imports included), and one module imports llama.cpp's bindings."""
+"""The package's shape: no import cycles (lazy imports included), one module imports llama.cpp's bindings,
+no module over 400 lines."""
 
 from __future__ import annotations
 
@@ -46,3 +47,8 @@ def test_only_native_imports_the_bindings() -> None:
     mods = _modules()
     importers = {m for m, p in mods.items() if any(n.startswith("llama_cpp") for n in _imports(p, mods))}
     assert importers == {"specdec_cli.engine.native"}
+
+
+def test_no_module_over_400_lines() -> None:
+    sizes = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
+    assert {m: n for m, n in sizes.items() if n > 400} == {}

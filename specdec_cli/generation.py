@@ -1,0 +1,130 @@
+"""One generation: in progress (`GenerationRun`, what `Speculator.start` returns), streamed (`Chunk`) and
+finished (`Generation`, whose `to_json` is `specdec run --json`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specdec_cli.engine.batch_slots import BatchJob
+from specdec_cli.engine.events import DrafterDropped, Event, Step
+from specdec_cli.engine.speculative import SpeculativeGenerator
+from specdec_cli.engine.stats import RunStats, Stats
+from specdec_cli.errors import UsageError
+
+Message = Mapping[str, str]
+Prompt = str | Sequence[Message]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One finished generation: `stats` has exactly the fields of `specdec run --json`'s."""
+
+    text: str
+    token_ids: list[int]
+    stop_reason: str  # "eos", "length", "context", "interrupted"
+    n_prompt_tokens: int
+    stats: RunStats
+    models: dict[str, str | None]
+    settings: dict[str, Any]
+    steps: tuple[Step, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The object `specdec run --json` prints."""
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "n_tokens": len(self.token_ids),
+            "stop_reason": self.stop_reason,
+            "n_prompt_tokens": self.n_prompt_tokens,
+            "models": self.models,
+            "settings": self.settings,
+            "stats": self.stats.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Streamed text; `from_draft[i]` says whether token i was a draft token the target accepted."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    from_draft: tuple[bool, ...] = ()
+    generation: Generation | None = None  # set on the last chunk only
+
+
+@dataclass(frozen=True)
+class PromptTokens:
+    ids: list[int]
+    used_chat: bool
+
+
+class GenerationRun:
+    """One generation in progress: iterate `events()` (plain engine events), then read `generation`.
+
+    `cancel()` (from any thread), or the `cancel` callable/event given to `start`,
+    stops it at the next step with both caches consistent.
+    """
+
+    def __init__(self, gen: SpeculativeGenerator | BatchJob, settings: dict[str, Any], cancel: Any, *,
+                 models: dict[str, str | None], lock: threading.Lock | None = None, n_cached: int = 0,
+                 on_draft_dropped: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        """`lock`: held while events are read (one generation at a time per loaded pair), none for a batch
+        job; `n_cached`: prompt tokens the target's cache held (a batch job knows once it has a slot)."""
+        self._gen = gen
+        self._settings = settings
+        self._external = cancel
+        self._models = models
+        self._lock = lock
+        self._n_cached = n_cached
+        self._on_draft_dropped = on_draft_dropped
+        self._cancelled = threading.Event()
+        self.stats = Stats()
+
+    @property
+    def n_cached(self) -> int:
+        """Prompt tokens the target did not evaluate again (the cache held them: prefix reuse)."""
+        return self._gen.n_cached if isinstance(self._gen, BatchJob) else min(self._n_cached, len(self._gen.prompt) - 1)
+
+    def _should_stop(self) -> bool:
+        ext = self._external
+        if self._cancelled.is_set():
+            return True
+        if isinstance(ext, threading.Event):
+            return ext.is_set()
+        return bool(ext()) if callable(ext) else False
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def events(self) -> Iterator[Event]:
+        lock = self._lock or threading.Lock()  # a batch job: any number at once
+        if not lock.acquire(blocking=False):
+            raise UsageError(
+                "this Speculator is already generating: one generation at a time per loaded pair "
+                "(load it with parallel=N for several at once)"
+            )
+        try:
+            for ev in self._gen.events():
+                self.stats.observe(ev)
+                if isinstance(ev, DrafterDropped) and self._on_draft_dropped is not None:  # only a draft model is
+                    self._on_draft_dropped(ev.reason)
+                yield ev
+        finally:
+            lock.release()
+
+    @property
+    def generation(self) -> Generation:
+        res = self._gen.result
+        return Generation(
+            text=res.text,
+            token_ids=list(res.token_ids),
+            stop_reason=res.stop_reason or "interrupted",
+            n_prompt_tokens=res.n_prompt,
+            stats=self.stats.summary(res.wall_seconds),
+            models=self._models,
+            settings=self._settings,
+            steps=tuple(res.steps),
+        )
