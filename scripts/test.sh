@@ -6,4 +6,4 @@ bash scripts/setup.sh
 VENV=${SPECDEC_VENV:-.venv}
 "$VENV/bin/ruff" check specdec_cli tests benchmarks
 "$VENV/bin/mypy"
-"$VENV/bin/python" -m pytest -ra "$@"
+"$VENV/bin/python" -m pytest -ra --durations=15 "$@"  # the slowest tests: the suite must stay under 15 minutes

@@ -180,12 +180,17 @@ class Planner:
         top = max(caps.values()) if model_ok or fixed else min(max(caps.values()), longest)
         if top == 0:
             return {}  # nothing to draft from: a plain step
+        seen: set[tuple[tuple[str, int], ...]] = set()
         for m in range(1, top + 2):
             for use_model in ((False, True) if model_ok else (False,)):
                 plan: dict[int, Choice] = {}
                 for s in gen:
                     assert s.job is not None
                     plan[s.seq] = self._slot_choice(s, min(m - 1, caps[s.seq]), use_model)
+                same = tuple((c.source, c.n) for c in plan.values())
+                if same in seen:  # valued at a smaller m, as much or more (m = 1 carries MIN_GAIN): no choice changes
+                    continue
+                seen.add(same)
                 value = self._value(plan, pre_counts, unit, steady=True)
                 if m == 1:
                     value *= MIN_GAIN  # drafting must beat plain batching by a margin
