@@ -1,28 +1,44 @@
-"""One error family whose messages tell the user what to do next.
+"""One error family whose messages tell the user what to do next, and the one table of what each is.
 
-The CLI's entry point maps every `SpecdecError` to a single `Error: ...` line on
-stderr and exit code 1; nothing below the CLI prints or exits.
+Each class says, once, how the CLI exits on it (`exit_code`, one `Error: ...` line on stderr) and
+how the server answers it (`http_status`, OpenAI's error `type` and `code`, and the request field
+at fault); nothing below the CLI and the server prints, exits or picks a status.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 from pathlib import Path
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    ERROR = 1  # a SpecdecError the user can act on (or a failed check: pair-check's verdict)
+    USAGE = 2  # a bad value or option (Click's own parse errors too)
+    INTERNAL = 70  # a bug (EX_SOFTWARE); SPECDEC_DEBUG=1 shows the traceback
+    INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as a shell reports it
+    BROKEN_PIPE = 141  # the reader went away (`| head`): 128 + SIGPIPE
 
 
 class SpecdecError(Exception):
     """A problem the user can act on; its message is shown as is."""
 
-    exit_code = 1
+    exit_code = ExitCode.ERROR
+    http_status = 400
+    http_type = "invalid_request_error"
+    http_code: str | None = "invalid_request"
+    http_param: str | None = None  # the request field at fault
 
 
 class UsageError(SpecdecError, ValueError):
-    """A value or a combination of options that cannot work (exit code 2).
+    """A value or a combination of options that cannot work.
 
     Also a ValueError, so that Python callers of the API can catch it as one.
     """
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
+    http_code = "invalid_value"
 
 
 class ModelFileError(SpecdecError):
@@ -35,6 +51,9 @@ class IncompatiblePairError(SpecdecError):
 
 class ContextError(SpecdecError):
     """The prompt does not fit in the context window."""
+
+    http_code = "context_length_exceeded"
+    http_param = "messages"
 
 
 class ConfigError(SpecdecError):
@@ -51,6 +70,10 @@ class ModelOutputError(SpecdecError):
 
 class InternalError(SpecdecError):
     """A bug met while generating (a 500 in the server), as opposed to the request's own fault."""
+
+    http_status = 500
+    http_type = "server_error"
+    http_code = None
 
 
 def env_directory(variable: str, default: str | os.PathLike[str]) -> Path:

@@ -17,6 +17,7 @@ import typer.core
 
 from specdec_cli import __version__
 from specdec_cli.cli import bench, chat, models, pair_check, run, serve
+from specdec_cli.errors import ExitCode
 
 
 def _flags_show_no_type() -> None:
@@ -76,7 +77,7 @@ def main() -> None:
 
     if sys.stdout is None:  # started with stdout closed (`>&-`)
         error_line("stdout is closed: there is nowhere to write the output")
-        sys.exit(1)
+        sys.exit(ExitCode.ERROR)
     try:
         rv = app(prog_name="specdec", standalone_mode=False)
     except typer.TyperException as exc:  # Click's UsageError and friends
@@ -85,22 +86,22 @@ def main() -> None:
         error_line(exc.format_message() + hint)
         sys.exit(exc.exit_code)
     except typer.Abort:
-        sys.exit(1)
+        sys.exit(ExitCode.ERROR)
     except BrokenPipeError:
         _silence_stdout()
-        sys.exit(141)  # 128 + SIGPIPE: what a shell reports for a CLI that SIGPIPE ended
+        sys.exit(ExitCode.BROKEN_PIPE)
     except OSError as exc:
         _silence_stdout()
         if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT):
             error_line(f"cannot write the output: {exc.strerror}")
         else:
             error_line(str(exc))
-        sys.exit(1)
+        sys.exit(ExitCode.ERROR)
     except Exception as exc:  # a bug: still one line, with a way to see more
         if os.environ.get("SPECDEC_DEBUG"):
             raise
         error_line(f"internal error: {type(exc).__name__}: {exc} (SPECDEC_DEBUG=1 shows where; please report it)")
-        sys.exit(70)
+        sys.exit(ExitCode.INTERNAL)
     _flush_stdout()
     sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -113,11 +114,11 @@ def _flush_stdout() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         _silence_stdout()
-        sys.exit(141)
+        sys.exit(ExitCode.BROKEN_PIPE)
     except OSError as exc:
         _silence_stdout()
         error_line(f"cannot write the output: {exc.strerror}")
-        sys.exit(1)
+        sys.exit(ExitCode.ERROR)
 
 
 def _silence_stdout() -> None:

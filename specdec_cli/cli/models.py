@@ -10,7 +10,7 @@ import typer
 
 from specdec_cli.cli.options import JsonOpt
 from specdec_cli.cli.output import Output, usage_error, user_errors
-from specdec_cli.errors import ModelFileError
+from specdec_cli.errors import ExitCode, ModelFileError
 
 app = typer.Typer(
     name="models",
@@ -135,7 +135,7 @@ def models_pull(
         except KeyboardInterrupt:
             sink.finish()
             error_line(f"interrupted: what was downloaded is kept; run `specdec models pull {name}` again to resume")
-            raise typer.Exit(130) from None
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
         finally:
             sink.finish()
     for p in paths:

@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import ExitCode, SpecdecError
 
 if TYPE_CHECKING:
     from specdec_cli.render.generation import Renderer
@@ -29,7 +29,7 @@ def usage_error(message: str) -> typer.Exit:
     from specdec_cli.render import error_line
 
     error_line(message)
-    return typer.Exit(2)
+    return typer.Exit(ExitCode.USAGE)
 
 
 class Output:

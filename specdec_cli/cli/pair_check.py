@@ -9,6 +9,7 @@ import typer
 
 from specdec_cli.cli.options import JsonOpt, RuntimeOptions, with_options
 from specdec_cli.cli.output import Output, usage_error
+from specdec_cli.errors import ExitCode
 
 
 @with_options
@@ -78,4 +79,4 @@ def pair_check(
         )
     if probe and not report.verdict.ok:
         out.warning("--probe skipped: the pair is incompatible")
-    raise typer.Exit(0 if report.verdict.ok else 1)
+    raise typer.Exit(ExitCode.OK if report.verdict.ok else ExitCode.ERROR)

@@ -21,6 +21,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output, read_prompt
+from specdec_cli.errors import ExitCode
 
 ChatOpt = Annotated[
     bool | None,
@@ -71,4 +72,4 @@ def run(
                 interrupted = True
             renderer.finish(gen.generation, gen.stats)
     if interrupted:
-        raise typer.Exit(130)
+        raise typer.Exit(ExitCode.INTERRUPTED)

@@ -29,7 +29,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specdec_cli.api import GenerateOptions, Speculator
-from specdec_cli.errors import ContextError, InternalError, SpecdecError, UsageError
+from specdec_cli.errors import SpecdecError, UsageError
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
 from specdec_cli.server.worker import Delta, Failed, Final, Job, QueueFull, Worker, describe
@@ -362,10 +362,6 @@ class Server:
 
 
 def _api_error(error: SpecdecError) -> ApiError:
-    if isinstance(error, ContextError):
-        return ApiError(400, str(error), param="messages", code="context_length_exceeded")
-    if isinstance(error, UsageError):
-        return ApiError(400, str(error), code="invalid_value")
-    if isinstance(error, InternalError):
-        return ApiError(500, str(error), type="server_error")
-    return ApiError(400, str(error), code="invalid_request")
+    """The answer errors.py's table gives the error's class."""
+    e = type(error)
+    return ApiError(e.http_status, str(error), type=e.http_type, param=e.http_param, code=e.http_code)
