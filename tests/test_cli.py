@@ -65,6 +65,15 @@ def test_no_draft_same_shape_and_same_tokens() -> None:
     assert set(base["stats"]) == set(spec["stats"])
 
 
+def test_drafter_none_is_the_target_alone() -> None:
+    """One drafter name everywhere: `--drafter none` (as the API and the server say it) is `--no-draft`."""
+    a, b = run_json("Name three colours.", "-n", "8", "--drafter", "none"), run_json("Name three colours.", "-n", "8",
+                                                                                       "--no-draft")  # fmt: skip
+    assert a["token_ids"] == b["token_ids"] and a["settings"]["drafter"] is None and a["stats"]["drafted"] == 0
+    res = run("hi", "--drafter", "nope")
+    assert res.exit_code == 2 and "auto" in res.output and "none" in res.output
+
+
 def test_default_is_the_auto_drafter_and_says_what_it_chose() -> None:
     """On this CPU the default pair's draft costs about a target token: auto pauses it and says why."""
     text = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."

@@ -209,6 +209,7 @@ MSG = [{"role": "user", "content": "Hi"}]
         ({"messages": MSG, "max_tokens": 0}, 400, "invalid_value", "max_tokens"),
         ({"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, 400, None, "at most 4"),
         ({"messages": MSG, "speculative": {"draft_max": 1000}}, 400, "invalid_value", "draft_max"),
+        ({"messages": MSG, "speculative": {"drafter": "nope"}}, 400, "invalid_value", "'ngram' or 'none'"),
         ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded", "context"),
     ],
 )

@@ -23,7 +23,7 @@ from specdec_cli.engine.config import MODEL, NGRAM
 from specdec_cli.errors import SpecdecError
 from specdec_cli.prompts import BenchPrompt
 
-LLAMA_TOOLS = {MODEL: "llama-speculative-simple", NGRAM: "llama-lookup"}
+LLAMA_TOOLS: dict[str, str] = {MODEL: "llama-speculative-simple", NGRAM: "llama-lookup"}
 
 
 def llama_cpp_configs(bin_dir: Path, configs: list[BenchConfig]) -> list[BenchConfig]:

@@ -19,6 +19,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output
+from specdec_cli.engine.config import NGRAM, NONE
 
 
 @with_options
@@ -49,9 +50,9 @@ def chat(
             draft_name = (
                 c.draft.name
                 if c.draft
-                else "n-gram lookup (no draft model)"
-                if spec.drafter == "ngram"
-                else "none (target alone)"
+                else f"{NGRAM.label} (no draft model)"
+                if spec.drafter == NGRAM
+                else f"none ({NONE.label})"
             )
             out.err.write(
                 f"specdec chat: target {c.target.name}, draft {draft_name}. "

@@ -14,7 +14,6 @@ Values are not checked here: the engine checks them (`UsageError`), once.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import inspect
 import sys
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from specdec_cli.engine.config import (
-    AUTO,
     DEFAULT_CTX,
     DEFAULT_K,
     DEFAULT_NGRAM,
@@ -34,6 +32,7 @@ from specdec_cli.engine.config import (
     MODEL,
     NGRAM,
     NONE,
+    DrafterKind,
     SamplerSettings,
 )
 
@@ -42,12 +41,6 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 _S = SamplerSettings()
-
-
-class DrafterKind(enum.StrEnum):
-    auto = AUTO
-    model = MODEL
-    ngram = NGRAM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,10 +63,11 @@ class DrafterOptions:
             help="auto: each step, verify the n-gram proposal, a draft-model draft or nothing, whichever the "
             "costs measured so far say is fastest (never slower than the target alone by more than its "
             "retry budget); model: the draft model proposes; ngram: copy what followed the latest match of "
-            "the last tokens in the prompt and output (no draft model needed).",
+            "the last tokens in the prompt and output (no draft model needed); none: the target alone "
+            "(as --no-draft).",
             rich_help_panel="Speculation",
         ),
-    ] = DrafterKind.auto
+    ] = DrafterKind.AUTO
     no_draft: Annotated[
         bool, typer.Option("--no-draft", help="Run the target alone (the baseline).", rich_help_panel="Models")
     ] = False
@@ -90,11 +84,11 @@ class DrafterOptions:
     @property
     def kind(self) -> str:
         """The API's drafter name: --no-draft is "none" (and contradicts --drafter ngram)."""
-        if self.no_draft and self.drafter == DrafterKind.ngram:
+        if self.no_draft and self.drafter == NGRAM:
             from specdec_cli.errors import UsageError
 
             raise UsageError("--drafter ngram and --no-draft contradict each other")
-        return NONE if self.no_draft else self.drafter.value
+        return NONE if self.no_draft else self.drafter
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output, read_prompt
+from specdec_cli.engine.config import NONE
 from specdec_cli.errors import ExitCode
 
 ChatOpt = Annotated[
@@ -61,7 +62,7 @@ def run(
         text = read_prompt(prompt)
         with load(models, runtime, ngram, drafting.kind) as spec:
             gen = spec.start(text, options)
-            title = f"speculation ({spec.drafter} drafter)" if spec.drafter != "none" else "target alone"
+            title = f"speculation ({spec.drafter} drafter)" if spec.drafter != NONE else NONE.label
             renderer = out.generation(title)
             renderer.start()
             interrupted = False

@@ -60,7 +60,7 @@ def serve(
 
     from specdec_cli import registry
     from specdec_cli.api import GenerateOptions
-    from specdec_cli.engine.config import validate_parallel
+    from specdec_cli.engine.config import NONE, validate_parallel
     from specdec_cli.errors import UsageError
     from specdec_cli.server.app import Server, ServerSettings
 
@@ -83,7 +83,7 @@ def serve(
                                     timeout_graceful_shutdown=GRACEFUL_SECONDS, lifespan="off")  # fmt: skip
             web = QuietExit(config)
             bound = sock.getsockname()[1]
-            drafter = spec.drafter if spec.drafter != "none" else "none (target alone)"
+            drafter = spec.drafter if spec.drafter != NONE else f"none ({NONE.label})"
             out.err.write(
                 f"specdec serve: {model_id} (drafter {drafter}, {parallel} slot{'s' if parallel > 1 else ''}) "
                 f"on http://{host}:{bound}/v1"

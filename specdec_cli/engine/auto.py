@@ -74,7 +74,7 @@ class AutoState:
 
 
 class AutoDrafter:
-    name = AUTO
+    name: str = AUTO
     free = False
 
     def __init__(

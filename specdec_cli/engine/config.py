@@ -9,23 +9,37 @@ command-line option, so the CLI can print it as is and exit 2.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 
 from specdec_cli.errors import UsageError
 
-# Drafters the engine knows; NONE runs the target alone. AUTO chooses between the
-# others (and a plain decode) every step from measured costs (engine/auto.py).
-AUTO = "auto"
-MODEL = "model"
-NGRAM = "ngram"
-NONE = "none"
+
+class DrafterKind(enum.StrEnum):
+    """Who drafts, named once for the CLI (`--drafter`), the API, the server (`speculative.drafter`) and
+    the stats (a StrEnum equals its value: flags, requests and JSON carry the plain strings). NONE runs
+    the target alone; AUTO chooses between the others and a plain decode every step from measured
+    costs (engine/auto.py)."""
+
+    AUTO = "auto"
+    MODEL = "model"
+    NGRAM = "ngram"
+    NONE = "none"
+
+    @property
+    def label(self) -> str:
+        """What the terminal calls it (the legend: "accepted from the draft model")."""
+        return {"auto": "auto", "model": "draft model", "ngram": "n-gram lookup", "none": "target alone"}[self]
+
+
+AUTO, MODEL, NGRAM, NONE = DrafterKind.AUTO, DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.NONE
 DRAFTERS = (AUTO, MODEL, NGRAM)
 DEFAULT_DRAFTER = AUTO
 
 # Defaults measured with `specdec bench` (README, "Drafters and draft length");
 # for AUTO the most it drafts (the cost model picks K below it every step).
-DEFAULT_K = {AUTO: 8, MODEL: 4, NGRAM: 8}
+DEFAULT_K: dict[str, int] = {AUTO: 8, MODEL: 4, NGRAM: 8}
 DEFAULT_NGRAM = (2, 4)
 DEFAULT_P_MIN = 0.0
 DEFAULT_MAX_TOKENS = 256
@@ -168,7 +182,7 @@ class GenerateOptions:
         ).validate()
 
 
-def check_drafter(kind: str) -> str:
-    if kind not in (*DRAFTERS, NONE):
-        raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join((*DRAFTERS, NONE))}")
-    return kind
+def check_drafter(kind: str) -> DrafterKind:
+    if kind not in DrafterKind.__members__.values():
+        raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join(DrafterKind)}")
+    return DrafterKind(kind)

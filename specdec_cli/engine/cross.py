@@ -80,7 +80,7 @@ def complete_utf8(data: bytes) -> bytes:
 class CrossDrafter:
     """A draft model with its own tokenizer, proposing target tokens (see the module's docstring)."""
 
-    name = MODEL
+    name: str = MODEL
     free = False
 
     def __init__(self, target: Model, draft: Model, vocab: CrossVocab, p_min: float = 0.0,

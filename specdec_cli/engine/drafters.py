@@ -119,7 +119,7 @@ class ModelDrafter:
     the draft's top probability falls below it.
     """
 
-    name = MODEL
+    name: str = MODEL
     free = False
 
     def __init__(self, model: LanguageModel, p_min: float = 0.0, window: int | None = None) -> None:
@@ -193,7 +193,7 @@ class NgramDrafter:
     kept up to date as the context grows, so a lookup costs n_max dict probes.
     """
 
-    name = NGRAM
+    name: str = NGRAM
     free = True
 
     def __init__(self, n_min: int = 2, n_max: int = 4) -> None:

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.engine.config import NGRAM
+from specdec_cli.engine.config import MODEL, NGRAM
 from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Prefill, Step
 from specdec_cli.engine.stats import RunStats, Stats
 from specdec_cli.render import no_color, one_line, pct, visible, warning
@@ -43,9 +43,9 @@ STOP_REASONS = {
 
 def legend() -> Text:
     t = Text("legend: ")
-    t.append("accepted from draft model", style=DRAFT_STYLE)
+    t.append(f"accepted from {MODEL.label}", style=DRAFT_STYLE)
     t.append("  ")
-    t.append("accepted from n-gram lookup", style=NGRAM_STYLE)
+    t.append(f"accepted from {NGRAM.label}", style=NGRAM_STYLE)
     t.append("  ")
     t.append("chosen by target", style=TARGET_STYLE or None)
     return t

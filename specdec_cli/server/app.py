@@ -29,6 +29,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specdec_cli.api import GenerateOptions, Speculator
+from specdec_cli.engine.config import MODEL
 from specdec_cli.errors import SpecdecError, UsageError
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
@@ -160,7 +161,7 @@ class Server:
         )
         try:
             options.validate()
-            if options.drafter == "model" and self.spec.draft is None:
+            if options.drafter == MODEL and self.spec.draft is None:
                 raise UsageError("the model drafter needs a draft model, and this server has none")
         except UsageError as exc:
             raise ApiError(400, str(exc).replace("--temp", "temperature").replace("--", ""),

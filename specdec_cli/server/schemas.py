@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specdec_cli.engine.config import DrafterKind
+
 MAX_STOPS = 4
 
 
@@ -36,7 +38,7 @@ class Speculative(_Body):
     """specdec's extension: how to speculate for this request."""
 
     draft_max: int | None = Field(default=None, ge=1, le=64)
-    drafter: Literal["auto", "model", "ngram", "none"] | None = None
+    drafter: DrafterKind | None = Field(default=None, strict=False)  # its value, as JSON carries it
 
 
 class _Common(_Body):
