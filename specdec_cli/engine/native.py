@@ -24,11 +24,13 @@ def usable_cores() -> int:
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
 
+
 # Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
 # is identical to the target alone only if a batch computes bit-identical logits
 # to single-token decoding. CPU kernels that break that are turned off: the tiled
 # K-quant matmul (taken above a batch-size floor), the repacked-weight GEMMs
-# ("extra buffer types", taken from 4 rows) and flash attention (see Model).
+# ("extra buffer types", taken from 4 rows) and flash attention (the last two are
+# switched off per model, in engine/model.py).
 # tests/test_engine.py checks bit-identity on the packaged models. ggml reads this
 # variable once per process.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
@@ -39,7 +41,6 @@ _LOG_LINES: collections.deque[str] = collections.deque(maxlen=200)
 _LOG_STATE = {"verbose": False, "installed": False}
 _LOG_LOCK = threading.Lock()
 _LOG_CALLBACK: Any = None  # keep a reference: ctypes must not collect it
-
 
 
 def bindings() -> Any:
@@ -114,7 +115,6 @@ def load_failure(path: Path) -> str:
         f"llama.cpp could not load {path} ({size:,} bytes){hint}. The file may be truncated "
         "(re-download it) or use an architecture this llama.cpp build does not know"
     )
-
 
 
 def encode_utf8(text: str, what: str = "the text") -> bytes:
