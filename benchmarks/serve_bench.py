@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,9 +107,9 @@ def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) 
     return first - t0, tokens / max(last - first, 1e-9), tokens, "".join(text)
 
 
-def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int) -> Run:
-    """The same clients calling `Speculator.stream` from threads: the batch engine without HTTP (a diagnosis:
-    what the server layer costs on top of it)."""
+def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[float, float, int, str]]) -> Run:
+    """`clients` threads, each sending `requests` prompts one after the other through `one(client, prompt)`
+    (TTFT, tokens/s of the request, tokens, text); aggregate tokens/s over the wall time."""
     ttft: list[float] = []
     tps: list[float] = []
     texts: dict[str, str] = {}
@@ -119,48 +119,7 @@ def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int) 
     def client(c: int) -> None:
         for i in range(requests):
             prompt = PROMPTS[(c * requests + i) % len(PROMPTS)]
-            t0 = time.perf_counter()
-            first = last = None
-            n, text = 0, []
-            for chunk in spec.stream([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0):
-                if chunk.token_ids:
-                    last = time.perf_counter()
-                    first = first or last
-                    n += len(chunk.token_ids)
-                    text.append(chunk.text)
-            assert first is not None and last is not None
-            with lock:
-                ttft.append(first - t0)
-                tps.append(n / max(last - first, 1e-9))
-                total[0] += n
-                texts[prompt] = "".join(text)
-
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    ttft.sort()
-    return Run(total[0] / wall, statistics.median(ttft), p95(ttft), statistics.median(tps), total[0], texts, ttft)
-
-
-def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
-    ttft: list[float] = []
-    tps: list[float] = []
-    texts: dict[str, str] = {}
-    total = [0]
-    lock = threading.Lock()
-
-    https = [httpx.Client(timeout=600) for _ in range(clients)]
-    for http in https:  # connected before the clock starts
-        http.get(base.removesuffix("/v1") + "/health")
-
-    def client(c: int) -> None:
-        for i in range(requests):
-            prompt = PROMPTS[(c * requests + i) % len(PROMPTS)]
-            a, b, n, text = one_request(base, prompt, max_tokens, https[c])
+            a, b, n, text = one(c, prompt)
             with lock:
                 ttft.append(a)
                 tps.append(b)
@@ -174,10 +133,39 @@ def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    for http in https:
-        http.close()
     ttft.sort()
     return Run(total[0] / wall, statistics.median(ttft), p95(ttft), statistics.median(tps), total[0], texts, ttft)
+
+
+def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int) -> Run:
+    """The same clients calling `Speculator.stream` from threads: the batch engine without HTTP (a diagnosis:
+    what the server layer costs on top of it)."""
+
+    def one(_client: int, prompt: str) -> tuple[float, float, int, str]:
+        t0 = time.perf_counter()
+        first = last = None
+        n, text = 0, []
+        for chunk in spec.stream([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0):
+            if chunk.token_ids:
+                last = time.perf_counter()
+                first = first or last
+                n += len(chunk.token_ids)
+                text.append(chunk.text)
+        assert first is not None and last is not None
+        return first - t0, n / max(last - first, 1e-9), n, "".join(text)
+
+    return run_clients(clients, requests, one)
+
+
+def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
+    https = [httpx.Client(timeout=600) for _ in range(clients)]
+    for http in https:  # connected before the clock starts
+        http.get(base.removesuffix("/v1") + "/health")
+    try:
+        return run_clients(clients, requests, lambda c, prompt: one_request(base, prompt, max_tokens, https[c]))
+    finally:
+        for http in https:
+            http.close()
 
 
 def p95(xs: list[float]) -> float:

@@ -183,6 +183,7 @@ class GenerateOptions:
 
 
 def check_drafter(kind: str) -> DrafterKind:
-    if kind not in DrafterKind.__members__.values():
-        raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join(DrafterKind)}")
-    return DrafterKind(kind)
+    try:
+        return DrafterKind(kind)
+    except ValueError:
+        raise UsageError(f"unknown drafter {kind!r}: choose one of {', '.join(DrafterKind)}") from None

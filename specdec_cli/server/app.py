@@ -364,5 +364,5 @@ class Server:
 
 def _api_error(error: SpecdecError) -> ApiError:
     """The answer errors.py's table gives the error's class."""
-    e = type(error)
-    return ApiError(e.http_status, str(error), type=e.http_type, param=e.http_param, code=e.http_code)
+    return ApiError(error.http_status, str(error), type=error.http_type, param=error.http_param,
+                    code=error.http_code)  # fmt: skip
