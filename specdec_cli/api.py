@@ -31,7 +31,12 @@ from specdec_cli import runner
 from specdec_cli.engine import native
 from specdec_cli.engine.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.batch import BatchEngine, BatchJob
-from specdec_cli.engine.config import (
+from specdec_cli.engine.cross import CrossDrafter, CrossVocab
+from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec_cli.engine.events import DRAFT, Step
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.policies import compose
+from specdec_cli.engine.settings import (
     AUTO,
     DEFAULT_CTX,
     DEFAULT_DRAFTER,
@@ -41,17 +46,9 @@ from specdec_cli.engine.config import (
     NGRAM,
     NONE,
     GenerateOptions,
-    GenerationConfig,
     check_drafter,
-    validate_ngram,
-    validate_parallel,
-    validate_runtime,
+    check_load,
 )
-from specdec_cli.engine.cross import CrossDrafter, CrossVocab
-from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdec_cli.engine.events import DRAFT, Step
-from specdec_cli.engine.model import Model
-from specdec_cli.engine.policies import compose
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import UsageError
 from specdec_cli.generation import Chunk, Generation, GenerationRun, Message, Prompt, PromptTokens
@@ -138,11 +135,11 @@ class Speculator:
             raise UsageError(f"unknown generation option: {exc}") from None
         kind = self._kind(opts.drafter)
         k = opts.draft_max if opts.draft_max is not None else self._default_k(kind)
-        config = opts.config(k)
+        config = opts.resolved(k)
         tokens = self.tokenize(prompt, system=opts.system, chat=opts.chat)
         run: GenerationRun
         if self.parallel > 1:
-            job = BatchJob(tokens.ids, config, kind, should_stop=lambda: run._should_stop(), k_max=config.draft_max)
+            job = BatchJob(tokens.ids, config, kind, should_stop=lambda: run._should_stop(), k_max=config.k_max)
             run = GenerationRun(job, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
                                 on_draft_dropped=self._draft_dropped)  # fmt: skip
             self.batch_engine().submit(job)
@@ -227,17 +224,16 @@ class Speculator:
             return self.choice.draft_max
         return DEFAULT_K.get(kind, DEFAULT_K[MODEL])
 
-    def _make_drafter(self, kind: str, config: GenerationConfig) -> Drafter | None:
+    def _make_drafter(self, kind: str, config: GenerateOptions) -> Drafter | None:
         """One fresh drafter per generation (the models, and so their caches, are shared)."""
         inner: Drafter
         if kind == AUTO:
             model: ModelDrafter | CrossDrafter | None = None
             if self.draft is not None and not self.draft_broken:
                 model = self._model_drafter(config, window=WINDOW)
-            state = self._reproducible_auto_state(config.draft_max) if config.reproducible else self.auto_state(
-                config.draft_max
-            )
-            return AutoDrafter(NgramDrafter(*self.ngram), model, config.draft_max, state, self.choice.draft_max)
+            k = config.k_max
+            state = self._reproducible_auto_state(k) if config.reproducible else self.auto_state(k)
+            return AutoDrafter(NgramDrafter(*self.ngram), model, k, state, self.choice.draft_max)
         if kind == MODEL and self.draft is not None:
             inner = self._model_drafter(config)
         elif kind == NGRAM:
@@ -246,7 +242,7 @@ class Speculator:
             return None
         return compose(inner, config)
 
-    def _model_drafter(self, config: GenerationConfig, window: int | None = None) -> ModelDrafter | CrossDrafter:
+    def _model_drafter(self, config: GenerateOptions, window: int | None = None) -> ModelDrafter | CrossDrafter:
         assert self.draft is not None
         if not self.cross:
             return ModelDrafter(self.draft, config.draft_p_min, window=window)
@@ -256,20 +252,14 @@ class Speculator:
         return CrossDrafter(self.target, self.draft, self._cross_vocab, config.draft_p_min,
                             window=None if window is None else 4 * window)  # fmt: skip
 
-    def _settings(self, o: GenerateOptions, kind: str, config: GenerationConfig, used_chat: bool) -> dict[str, Any]:
+    def _settings(self, o: GenerateOptions, kind: str, config: GenerateOptions, used_chat: bool) -> dict[str, Any]:
+        """The settings a generation reports (`--json`): its parameters as resolved, and the pair's."""
         drafting = kind != NONE
         return {
-            "temperature": o.temperature,
-            "top_k": o.top_k,
-            "top_p": o.top_p,
-            "min_p": o.min_p,
-            "seed": o.seed,
-            "max_tokens": o.max_tokens,
+            **o.as_dict(),
             "drafter": kind if drafting else None,
-            "draft_max": config.draft_max if drafting else 0,
-            "draft_min": o.draft_min,
+            "draft_max": config.k_max if drafting else 0,
             "adaptive_k": o.adaptive,
-            "draft_p_min": o.draft_p_min,
             "ngram": list(self.ngram) if kind in (NGRAM, AUTO) else None,
             "ctx_size": self.target.n_ctx,
             "threads": self.n_threads,
@@ -320,9 +310,7 @@ def load(
     token-for-token what it would be alone (greedy; sampling keeps the target's
     distribution, and a seeded sampled generation is decoded without drafts).
     """
-    validate_runtime(n_ctx, n_threads)
-    validate_parallel(parallel)
-    validate_ngram(*ngram)
+    check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram)
     kind = check_drafter(NONE if drafter is None else drafter)
     if target is not None and draft is None and pair is None and runner.is_pair_name(target):
         pair, target = str(target), None

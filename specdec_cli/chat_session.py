@@ -18,20 +18,22 @@ from typing import Any
 
 from specdec_cli import runner
 from specdec_cli.api import GenerateOptions, Generation, PromptTokens, Speculator
-from specdec_cli.engine.config import NONE
 from specdec_cli.engine.events import Event
+from specdec_cli.engine.settings import NONE, PARAMS, InvalidSetting, Param
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, UnsupportedModelError, UsageError
 
-# /set KEY -> the GenerateOptions field and how to read the value
-SETTABLE: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "temp": ("temperature", float),
-    "top_k": ("top_k", int),
-    "top_p": ("top_p", float),
-    "min_p": ("min_p", float),
-    "seed": ("seed", lambda v: None if v == "none" else int(v)),
-    "draft_max": ("draft_max", int),
-}
+# /set KEY -> the parameter (`engine.settings.PARAMS`): the key is its flag without dashes (`/set temp 0.7`)
+SETTABLE: dict[str, Param] = {p.key: p for p in PARAMS.values() if p.settable}
+_TYPES = {f.name: f.type for f in dataclasses.fields(GenerateOptions)}
+
+
+def _parse(param: str, text: str) -> Any:
+    """A value typed after /set, read as the parameter's type (`none` clears an optional one)."""
+    kind = _TYPES[param]
+    if "None" in kind and text == "none":
+        return None
+    return float(text) if kind.startswith("float") else int(text)
 
 
 @dataclass
@@ -73,13 +75,16 @@ class ChatSession:
         """Change one setting from text; raises UsageError with a user-facing message."""
         if key not in SETTABLE:
             raise UsageError(f"unknown setting {key!r}; settable: {', '.join(SETTABLE)}")
-        name, parse = SETTABLE[key]
+        name = SETTABLE[key].name
         try:
-            parsed = parse(value)
+            parsed = _parse(name, value)
         except ValueError:
             raise UsageError(f"{key} needs a number, got {value!r}") from None
         options = dataclasses.replace(self.options, **{name: parsed})
-        options.validate()  # raises UsageError
+        try:
+            options.validate()
+        except InvalidSetting as exc:  # named as the user typed it
+            raise UsageError(exc.named(PARAMS[exc.param].key if exc.param in PARAMS else exc.param)) from None
         self.options = options
         return f"{key} = {parsed}"
 
@@ -132,13 +137,7 @@ class ChatSession:
             "messages": self.history,
             "turns": [dataclasses.asdict(t) for t in self.turns],
             "settings": {
-                "temperature": o.temperature,
-                "top_k": o.top_k,
-                "top_p": o.top_p,
-                "min_p": o.min_p,
-                "seed": o.seed,
-                "draft_max": o.draft_max,
-                "max_tokens": o.max_tokens,
+                **o.as_dict(),
                 "drafter": self.spec.drafter if self.draft_on and self.has_drafter else None,
             },
             "totals": self.totals.summary().as_dict(),

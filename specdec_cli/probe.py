@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec_cli.api import Generation, Speculator
-from specdec_cli.engine.config import MODEL, NONE
 from specdec_cli.engine.costs import batch_costs, median_decode_seconds
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, step_speedup
+from specdec_cli.engine.settings import MODEL, NONE
 
 PROBE_PROMPTS = {
     "code": "Write a Python function that returns the n-th Fibonacci number, with a docstring.",

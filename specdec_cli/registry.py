@@ -17,7 +17,7 @@ from typing import Any
 from platformdirs import user_config_dir
 
 from specdec_cli import hub
-from specdec_cli.engine.config import MAX_DRAFT
+from specdec_cli.engine.settings import MAX_DRAFT
 from specdec_cli.errors import ConfigError, ModelFileError, env_directory
 
 SOURCE_KEYS = ("packaged", "repo", "path")

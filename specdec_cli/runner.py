@@ -13,9 +13,9 @@ from typing import Any
 
 from specdec_cli import pairs, registry
 from specdec_cli.engine import chat, specials
-from specdec_cli.engine.config import MODEL, NGRAM, NONE
 from specdec_cli.engine.gguf import check_gguf_file
 from specdec_cli.engine.model import Model
+from specdec_cli.engine.settings import MODEL, NGRAM, NONE
 from specdec_cli.errors import ConfigError, IncompatiblePairError, UsageError
 
 ROLES = ("system", "user", "assistant")

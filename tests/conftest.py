@@ -16,6 +16,19 @@ from specdec_cli.runner import ModelChoice
 N_CTX = 1024
 THREADS = 2
 
+# A test that asks for one of these loads or derives a real GGUF model: it is `slow` (minutes in all).
+REAL_MODEL_FIXTURES = frozenset({
+    "smol_path", "smol_q2k_path", "gemma_path", "gemma_q2k_path", "smol", "smol_q2k", "smol_twin", "gemma",
+    "gemma_q2k", "truncated_gguf", "corrupt_draft_path", "corrupt_target_path",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every real-model test `slow`, so `pytest -m "not slow"` is the fake-model and pure-maths suite."""
+    for item in items:
+        if REAL_MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def _no_user_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sstats  # type: ignore[import-untyped]
 
-from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.drafters import Drafter
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.sampling import SamplerSettings, process
+from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import generate
 
 SAMPLER = SamplerSettings(temperature=1.0, top_k=20, top_p=1.0, min_p=0.0)
@@ -72,7 +72,7 @@ def run(target: Model, drafter: Drafter, n_samples: int, draft_max: int = 2, tex
     first: Counter[int] = Counter()
     second: Counter[int] = Counter()
     for seed in range(n_samples):
-        cfg = GenerationConfig(max_tokens=3, draft_max=draft_max, sampler=SAMPLER, seed=seed)
+        cfg = GenerateOptions(adaptive=False, max_tokens=3, draft_max=draft_max, **vars(SAMPLER), seed=seed)
         ids = generate(target, drafter, prompt, cfg).token_ids
         first[ids[0]] += 1
         if ids[0] == mode and len(ids) > 1:

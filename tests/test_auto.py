@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from specdec_cli.engine.auto import RETRY_SHARE, AutoDrafter, AutoState
-from specdec_cli.engine.config import GenerationConfig, SamplerSettings
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, best_length, perfect_speedup
 from specdec_cli.engine.events import DrafterDropped
+from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import Stats
 from tests.fakes import FakeModel, greedy_reference
@@ -37,7 +37,7 @@ def state_for(target: FakeModel, draft: FakeModel | None) -> AutoState:
 
 
 def run(target: FakeModel, draft: FakeModel | None, state: AutoState, max_tokens: int = 80, **cfg: object):
-    config = GenerationConfig(max_tokens=max_tokens, draft_max=8, **cfg)  # type: ignore[arg-type]
+    config = GenerateOptions(adaptive=False, max_tokens=max_tokens, draft_max=8, **cfg)  # type: ignore[arg-type]
     model = ModelDrafter(draft, window=16) if draft is not None else None
     auto = AutoDrafter(NgramDrafter(1, 3), model, 8, state)
     gen = SpeculativeGenerator(target, auto, PROMPT, config)
@@ -103,7 +103,7 @@ def test_sampling_with_auto_keeps_every_invariant() -> None:
     target = FakeModel(V, 512, seed=4, **CHEAP)
     draft = FakeModel(V, 512, seed=4, noise=0.3, call_cost=0.05, token_cost=0.001)
     res, stats = run(target, draft, state_for(target, draft), seed=3,
-                     sampler=SamplerSettings(1.0, top_k=0, top_p=1.0, min_p=0.0))  # fmt: skip
+                     temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)  # fmt: skip
     assert len(res.token_ids) == 80 and stats.accepted <= stats.drafted
 
 
@@ -150,7 +150,7 @@ class NanModel(FakeModel):
 def test_a_corrupt_draft_is_dropped_and_the_ngram_lookup_goes_on() -> None:
     target = FakeModel(V, 512, seed=4, **CHEAP)
     draft = NanModel(V, 512, seed=4, call_cost=0.05, token_cost=0.001)
-    config = GenerationConfig(max_tokens=60, draft_max=8, seed=1, sampler=SamplerSettings(1.0, 0, 1.0, 0.0))
+    config = GenerateOptions(adaptive=False, max_tokens=60, draft_max=8, seed=1, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     auto = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, window=16), 8, state_for(target, draft))
     gen = SpeculativeGenerator(target, auto, PROMPT, config)
     events = list(gen.events())

@@ -124,6 +124,7 @@ def _concurrently(spec: api.Speculator, prompts: list[str], **kw: object) -> lis
     return [g for g in out if g is not None]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["auto", "model", "ngram", "none"])
 def test_concurrent_greedy_requests_match_their_solo_runs(solo: api.Speculator, par: api.Speculator,
                                                           drafter: str) -> None:  # fmt: skip
@@ -143,6 +144,7 @@ def test_concurrent_greedy_requests_match_their_solo_runs(solo: api.Speculator, 
         assert all(g.stats.drafted == 0 for g in got)
 
 
+@pytest.mark.slow
 def test_a_cancelled_request_leaves_the_others_exact(solo: api.Speculator, par: api.Speculator) -> None:
     ref = [solo.generate(p, max_tokens=32, drafter="model") for p in PROMPTS[:3]]
     stop = threading.Event()
@@ -187,6 +189,7 @@ def test_a_prompt_longer_than_a_slot_is_refused(par: api.Speculator) -> None:
     assert par.generate(PROMPTS[0], max_tokens=4).token_ids  # and the engine goes on
 
 
+@pytest.mark.slow
 def test_each_slot_holds_its_own_context() -> None:
     """--ctx-size is per slot: every slot can use all of it."""
     prompts = ["Count: 1, 2, 3,", "Letters: a, b, c,"]

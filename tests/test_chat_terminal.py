@@ -7,10 +7,12 @@ import re
 import sys
 
 import pexpect
+import pytest
 
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+@pytest.mark.slow
 def test_chat_session_in_a_pty(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env.update(TERM="xterm-256color", XDG_DATA_HOME=str(tmp_path), PROMPT_TOOLKIT_NO_CPR="1")

@@ -215,6 +215,7 @@ def bench(*args: str) -> Any:
     return runner.invoke(app, ["bench", *args])
 
 
+@pytest.mark.slow
 def test_bench_json_compares_configurations_side_by_side() -> None:
     res = bench(
         "--configs", "target,ngram:auto,model:2", "--category", "input-grounded", "--repeats", "1", "--warmup", "0",

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from specdec_cli import pairs
 from specdec_cli.cli import app
-from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.cross import CrossDrafter, CrossVocab, complete_utf8
 from specdec_cli.engine.drafters import DraftRequest
 from specdec_cli.engine.model import Model
+from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.engine.stats import Stats
 from tests import distribution
@@ -65,11 +65,11 @@ def test_greedy_identity_across_tokenizers(gemma: Model, smol_draft: Model, cros
     misses = drafted = 0
     for name, text in PROMPTS.items():
         prompt = gemma.tokenize(text, add_special=True, parse_special=False)
-        alone = generate(gemma, None, prompt, GenerationConfig(max_tokens=N_TOKENS)).token_ids
+        alone = generate(gemma, None, prompt, GenerateOptions(adaptive=False, max_tokens=N_TOKENS)).token_ids
         assert len(alone) == N_TOKENS, name
         for k in (1, 3, 6):
             drafter = CrossDrafter(gemma, smol_draft, cross_vocab)
-            gen = SpeculativeGenerator(gemma, drafter, prompt, GenerationConfig(max_tokens=N_TOKENS, draft_max=k))
+            gen = SpeculativeGenerator(gemma, drafter, prompt, GenerateOptions(adaptive=False, max_tokens=N_TOKENS, draft_max=k))
             stats = Stats.of(list(gen.events()))
             assert gen.result.token_ids == alone, (name, k)
             assert stats.accepted <= stats.drafted
@@ -84,10 +84,10 @@ def test_greedy_identity_same_vocabulary_through_the_cross_path(smol: Model, smo
     accepted = 0
     for text in list(PROMPTS.values())[:4]:
         prompt = smol.tokenize(text, add_special=True, parse_special=False)
-        alone = generate(smol, None, prompt, GenerationConfig(max_tokens=N_TOKENS)).token_ids
+        alone = generate(smol, None, prompt, GenerateOptions(adaptive=False, max_tokens=N_TOKENS)).token_ids
         for k in (1, 3, 6):
             drafter = CrossDrafter(smol, smol_q2k, vocab)
-            gen = SpeculativeGenerator(smol, drafter, prompt, GenerationConfig(max_tokens=N_TOKENS, draft_max=k))
+            gen = SpeculativeGenerator(smol, drafter, prompt, GenerateOptions(adaptive=False, max_tokens=N_TOKENS, draft_max=k))
             stats = Stats.of(list(gen.events()))
             assert gen.result.token_ids == alone, (text, k)
             accepted += stats.accepted

@@ -11,11 +11,11 @@ import pytest
 
 from specdec_cli import prompts as bench_prompts
 from specdec_cli import runner
-from specdec_cli.engine.config import GenerationConfig, SamplerSettings
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.events import DRAFT, TARGET
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.policies import compose
+from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, ModelFileError
@@ -35,7 +35,7 @@ def chat_tokens(model: Model, text: str) -> list[int]:
 
 
 def baseline(target: Model, prompt: list[int], max_tokens: int, **kw: object) -> list[int]:
-    return generate(target, None, prompt, GenerationConfig(max_tokens=max_tokens, **kw)).token_ids  # type: ignore[arg-type]
+    return generate(target, None, prompt, GenerateOptions(adaptive=False, max_tokens=max_tokens, **kw)).token_ids  # type: ignore[arg-type]
 
 
 # -------------------------------------------------------------- smoke (build)
@@ -137,7 +137,7 @@ def test_greedy_identical_to_target_alone(k: int, smol: Model, smol_q2k: Model) 
     for text in PROMPTS:
         prompt = chat_tokens(smol, text)
         base = baseline(smol, prompt, 48)
-        res = generate(smol, ModelDrafter(smol_q2k), prompt, GenerationConfig(max_tokens=48, draft_max=k))
+        res = generate(smol, ModelDrafter(smol_q2k), prompt, GenerateOptions(adaptive=False, max_tokens=48, draft_max=k))
         assert res.token_ids == base, f"K={k} prompt {text!r}"
         stats = Stats()
         for step in res.steps:
@@ -149,7 +149,7 @@ def test_greedy_identical_to_target_alone(k: int, smol: Model, smol_q2k: Model) 
 def test_greedy_draft_equals_target_accepts_everything(smol: Model, smol_twin: Model) -> None:
     prompt = chat_tokens(smol, PROMPTS[1])
     base = baseline(smol, prompt, 40)
-    res = generate(smol, ModelDrafter(smol_twin), prompt, GenerationConfig(max_tokens=40, draft_max=4))
+    res = generate(smol, ModelDrafter(smol_twin), prompt, GenerateOptions(adaptive=False, max_tokens=40, draft_max=4))
     assert res.token_ids == base
     full_steps = [s for s in res.steps if len(s.drafted) == 4]
     assert full_steps, "expected steps that drafted the full K"
@@ -163,7 +163,7 @@ def test_greedy_swapped_pair_identical(smol: Model, smol_q2k: Model) -> None:
     for text in PROMPTS[:3]:
         prompt = chat_tokens(smol_q2k, text)
         base = baseline(smol_q2k, prompt, 40)
-        res = generate(smol_q2k, ModelDrafter(smol), prompt, GenerationConfig(max_tokens=40, draft_max=3))
+        res = generate(smol_q2k, ModelDrafter(smol), prompt, GenerateOptions(adaptive=False, max_tokens=40, draft_max=3))
         assert res.token_ids == base
 
 
@@ -172,7 +172,7 @@ def test_greedy_identical_on_gemma(gemma: Model, gemma_q2k: Model) -> None:
         prompt = gemma.tokenize(text, add_special=True, parse_special=True)
         base = baseline(gemma, prompt, 32)
         for k in (2, 5):
-            res = generate(gemma, ModelDrafter(gemma_q2k), prompt, GenerationConfig(max_tokens=32, draft_max=k))
+            res = generate(gemma, ModelDrafter(gemma_q2k), prompt, GenerateOptions(adaptive=False, max_tokens=32, draft_max=k))
             assert res.token_ids == base, f"K={k} {text!r}"
 
 
@@ -180,13 +180,13 @@ def test_greedy_identical_on_gemma(gemma: Model, gemma_q2k: Model) -> None:
 def test_stops_exactly_at_max_tokens_inside_accepted_run(smol: Model, smol_twin: Model) -> None:
     prompt = chat_tokens(smol, PROMPTS[1])
     for n in (1, 2, 5, 7):
-        res = generate(smol, ModelDrafter(smol_twin), prompt, GenerationConfig(max_tokens=n, draft_max=8))
+        res = generate(smol, ModelDrafter(smol_twin), prompt, GenerateOptions(adaptive=False, max_tokens=n, draft_max=8))
         assert len(res.token_ids) == n and res.stop_reason == "length"
 
 
 def test_stops_on_eos_and_never_emits_it(smol: Model, smol_twin: Model) -> None:
     prompt = chat_tokens(smol, "Say just the word yes.")
-    res = generate(smol, ModelDrafter(smol_twin), prompt, GenerationConfig(max_tokens=64, draft_max=8))
+    res = generate(smol, ModelDrafter(smol_twin), prompt, GenerateOptions(adaptive=False, max_tokens=64, draft_max=8))
     assert res.stop_reason == "eos"
     assert not set(res.token_ids) & smol.eog_ids
     assert res.token_ids == baseline(smol, prompt, 64)
@@ -195,7 +195,7 @@ def test_stops_on_eos_and_never_emits_it(smol: Model, smol_twin: Model) -> None:
 def test_context_fills_up_mid_generation(smol_path: Path, smol_q2k_path: Path) -> None:
     with Model(smol_path, n_ctx=64, n_threads=2) as t, Model(smol_q2k_path, n_ctx=64, n_threads=2) as d:
         prompt = t.tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9,", add_special=True, parse_special=True)
-        res = generate(t, ModelDrafter(d), prompt, GenerationConfig(max_tokens=500, draft_max=4))
+        res = generate(t, ModelDrafter(d), prompt, GenerateOptions(adaptive=False, max_tokens=500, draft_max=4))
         assert res.stop_reason == "context"
         assert len(prompt) + len(res.token_ids) == 64 + 1  # the last token needs no cache slot
         assert res.text
@@ -207,7 +207,7 @@ def test_prompt_longer_than_context_is_refused(smol_path: Path) -> None:
     with Model(smol_path, n_ctx=16, n_threads=2) as t:
         prompt = t.tokenize("word " * 40, add_special=True, parse_special=True)
         with pytest.raises(ContextError, match="--ctx-size"):
-            SpeculativeGenerator(t, None, prompt, GenerationConfig())
+            SpeculativeGenerator(t, None, prompt, GenerateOptions(adaptive=False))
 
 
 # ------------------------------------------------------------- bad files
@@ -229,10 +229,10 @@ def test_truncated_gguf(truncated_gguf: Path) -> None:
 # ------------------------------------------------------------ sampling runs
 def test_seed_makes_sampled_run_reproducible(smol: Model, smol_q2k: Model) -> None:
     prompt = chat_tokens(smol, "Tell me a short story.")
-    cfg = GenerationConfig(max_tokens=24, draft_max=3, sampler=SamplerSettings(temperature=0.9), seed=42)
+    cfg = GenerateOptions(adaptive=False, max_tokens=24, draft_max=3, temperature=0.9, seed=42)
     a = generate(smol, ModelDrafter(smol_q2k), prompt, cfg).token_ids
     b = generate(smol, ModelDrafter(smol_q2k), prompt, cfg).token_ids
-    c = generate(smol, ModelDrafter(smol_q2k), prompt, GenerationConfig(**{**cfg.__dict__, "seed": 7})).token_ids
+    c = generate(smol, ModelDrafter(smol_q2k), prompt, GenerateOptions(**{**cfg.__dict__, "seed": 7})).token_ids
     assert a == b
     assert a != c
 
@@ -254,7 +254,7 @@ def test_ngram_greedy_identical_to_target_alone(adaptive: bool, smol: Model) -> 
         base = baseline(smol, prompt, 48)
         smol.reset()  # so the prefill below decodes exactly len(prompt) - 1 tokens
         before = smol.decoded_tokens
-        cfg = GenerationConfig(max_tokens=48, draft_max=6, adaptive=adaptive)
+        cfg = GenerateOptions(max_tokens=48, draft_max=6, adaptive=adaptive)
         res = generate(smol, compose(NgramDrafter(2, 4), cfg), prompt, cfg)
         assert res.token_ids == base, f"adaptive={adaptive} prompt {text[:40]!r}"
         stats = _stats(res)
@@ -273,7 +273,7 @@ def test_ngram_greedy_identical_on_gemma(gemma: Model) -> None:
     for text in texts:
         prompt = gemma.tokenize(text, add_special=True, parse_special=True)
         base = baseline(gemma, prompt, 32)
-        cfg = GenerationConfig(max_tokens=32, draft_max=8, adaptive=True)
+        cfg = GenerateOptions(max_tokens=32, draft_max=8, adaptive=True)
         res = generate(gemma, compose(NgramDrafter(1, 3), cfg), prompt, cfg)
         assert res.token_ids == base, text[:40]
 
@@ -281,7 +281,7 @@ def test_ngram_greedy_identical_on_gemma(gemma: Model) -> None:
 def test_adaptive_k_and_p_min_with_the_draft_model_stay_identical(smol: Model, smol_q2k: Model) -> None:
     prompt = chat_tokens(smol, PROMPTS[2])
     base = baseline(smol, prompt, 48)
-    cfg = GenerationConfig(max_tokens=48, draft_max=6, draft_min=1, adaptive=True, draft_p_min=0.6)
+    cfg = GenerateOptions(max_tokens=48, draft_max=6, draft_min=1, adaptive=True, draft_p_min=0.6)
     res = generate(smol, compose(ModelDrafter(smol_q2k, cfg.draft_p_min), cfg), prompt, cfg)
     assert res.token_ids == base
     ks = [s.k for s in res.steps]

@@ -87,6 +87,7 @@ def test_mutated_gguf_header_ends_cleanly(
     assert time.monotonic() - t0 < RUN_SECONDS
 
 
+@pytest.mark.slow
 @FILE_SETTINGS
 @given(data=st.binary(max_size=4096), header=st.sampled_from([b"", b"GGUF", b"GGUF\x03\x00\x00\x00"]))
 def test_small_junk_files_end_cleanly(tmp_path_factory: pytest.TempPathFactory, data: bytes, header: bytes) -> None:

@@ -11,11 +11,10 @@ from typer.testing import CliRunner
 
 from specdec_cli import runner
 from specdec_cli.cli import app
-from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.drafters import ModelDrafter
 from specdec_cli.engine.events import DrafterDropped, Step
 from specdec_cli.engine.model import Model
-from specdec_cli.engine.sampling import SamplerSettings
+from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.errors import ModelOutputError
 
@@ -40,7 +39,7 @@ def test_corrupt_draft_is_dropped_and_the_output_is_the_targets(
 ) -> None:
     """In sampling mode a NaN q would make min(1, p/q) = 1 accept every garbage token."""
     prompt = _tokens(smol)
-    cfg = GenerationConfig(max_tokens=24, draft_max=4, sampler=SamplerSettings(temperature=temperature), seed=3)
+    cfg = GenerateOptions(adaptive=False, max_tokens=24, draft_max=4, temperature=temperature, seed=3)
     alone = generate(smol, None, prompt, cfg)
     with Model(corrupt_draft_path, n_ctx=1024, n_threads=2) as bad:
         gen = SpeculativeGenerator(smol, ModelDrafter(bad), prompt, cfg)
@@ -54,7 +53,7 @@ def test_corrupt_draft_is_dropped_and_the_output_is_the_targets(
 def test_corrupt_target_is_an_error_naming_the_file(corrupt_target_path: Path) -> None:
     with Model(corrupt_target_path, n_ctx=256, n_threads=2) as bad:
         with pytest.raises(ModelOutputError, match="corrupt-target.gguf"):
-            generate(bad, None, _tokens(bad), GenerationConfig(max_tokens=4))
+            generate(bad, None, _tokens(bad), GenerateOptions(adaptive=False, max_tokens=4))
 
 
 def test_cli_corrupt_draft_one_warning_and_the_targets_tokens(smol_path: Path, corrupt_draft_path: Path) -> None:

@@ -66,6 +66,7 @@ def test_hostile_template_ends_in_one_clear_error(name: str) -> None:
     assert "\n" not in message
 
 
+@pytest.mark.slow
 def test_hostile_templates_stay_within_memory_bounds() -> None:
     """All of them in a fresh process: its peak memory stays far below what they ask for (GBs)."""
     code = (

@@ -146,6 +146,7 @@ def big_pair(hub: FakeHub, home: Path) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_interrupted_pull_keeps_its_part_and_the_next_pull_resumes_it(fake_hub: FakeHub, home: Path) -> None:
     data = big_pair(fake_hub, home)
     env = env_for(home, fake_hub.endpoint)
@@ -212,6 +213,7 @@ def test_ctrl_c_keeps_the_part_and_exits_130(fake_hub: FakeHub, home: Path) -> N
     assert sha(Path(r.stdout.split()[0]).read_bytes()) == sha(data)
 
 
+@pytest.mark.slow
 def test_a_dropped_connection_is_resumed_within_the_same_pull(fake_hub: FakeHub, home: Path) -> None:
     data = big_pair(fake_hub, home)
     fake_hub.cut_after = 11_000_000  # every response drops after 11 MB

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_cli.engine.config import GenerationConfig, SamplerSettings
 from specdec_cli.engine.drafters import Drafter, DraftRequest, ModelDrafter, NgramDrafter, Outcome, Proposal
 from specdec_cli.engine.policies import compose
+from specdec_cli.engine.settings import GenerateOptions, SamplerSettings
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import Stats
 from tests.fakes import FakeModel, greedy_reference
@@ -88,11 +88,11 @@ cases = st.fixed_dictionaries(
 def run_case(c: dict, sampler: SamplerSettings | None = None):
     target = FakeModel(V, c["n_ctx"], seed=c["seed"], eog=sorted(c["eog"]))
     draft = FakeModel(V, c["n_ctx"] + 16, seed=c["seed"], noise=c["noise"], eog=sorted(c["eog"]))
-    config = GenerationConfig(
+    config = GenerateOptions(
         max_tokens=c["max_tokens"],
         draft_max=c["draft_max"],
         adaptive=c["adaptive"],
-        sampler=sampler or SamplerSettings(),
+        **vars(sampler or SamplerSettings()),
         seed=c["seed"],
     )
     drafter = compose(make_drafter(c["kind"], draft, c["seed"]), config)
@@ -161,7 +161,7 @@ def test_a_stop_token_inside_an_accepted_run_ends_generation() -> None:
 
             return Proposal([a, eos, b], [Dist.point(t) for t in (a, eos, b)], req.k, "scripted")
 
-    gen = SpeculativeGenerator(target, Scripted(0), context, GenerationConfig(max_tokens=10, draft_max=3))
+    gen = SpeculativeGenerator(target, Scripted(0), context, GenerateOptions(adaptive=False, max_tokens=10, draft_max=3))
     events = list(gen.events())
     assert gen.result.token_ids == [a]
     assert gen.result.stop_reason == "eos"
@@ -174,7 +174,7 @@ def test_a_plain_run_ending_on_the_end_token_makes_one_token_per_pass() -> None:
     """The pass that chose the end token produced it: a plain run reads 1.00 tokens per pass, not n / (n + 1)."""
     out, _ = greedy_reference(FakeModel(V, 64, seed=5), [1, 2], 12)
     target = FakeModel(V, 64, seed=5, eog=[out[6]])
-    gen = SpeculativeGenerator(target, None, [1, 2], GenerationConfig(max_tokens=12))
+    gen = SpeculativeGenerator(target, None, [1, 2], GenerateOptions(adaptive=False, max_tokens=12))
     stats = Stats.of(list(gen.events()))
     assert gen.result.stop_reason == "eos" and stats.emitted < stats.steps
     assert stats.tokens_per_step == 1.0
@@ -184,7 +184,7 @@ def test_batches_are_what_was_verified() -> None:
     """Every target decode after prefill is [pending, drafts...]: k + 1 tokens, never more than draft_max + 1."""
     target = FakeModel(V, 256, seed=3)
     draft = FakeModel(V, 256, seed=3, noise=0.3)
-    config = GenerationConfig(max_tokens=60, draft_max=5, adaptive=True)
+    config = GenerateOptions(max_tokens=60, draft_max=5, adaptive=True)
     gen = SpeculativeGenerator(target, compose(ModelDrafter(draft), config), [4, 5, 6], config)
     list(gen.events())
     verify_batches = target.batches[1:]  # the first is the prefill
@@ -202,7 +202,7 @@ def test_cancellation_leaves_both_caches_consistent() -> None:
     def stop() -> bool:
         return steps >= 3
 
-    config = GenerationConfig(max_tokens=100, draft_max=4)
+    config = GenerateOptions(adaptive=False, max_tokens=100, draft_max=4)
     gen = SpeculativeGenerator(target, ModelDrafter(draft), [1, 2, 3], config, should_stop=stop)
     for ev in gen.events():
         steps += ev.__class__.__name__ == "Step"
@@ -213,7 +213,7 @@ def test_cancellation_leaves_both_caches_consistent() -> None:
     assert draft.tokens == ctx[: len(draft.tokens)]
     # Going on from here (as the API does for the next call) reuses both caches.
     expected, _ = greedy_reference(FakeModel(V, 256, seed=9), ctx, 5)
-    gen2 = SpeculativeGenerator(target, ModelDrafter(draft), ctx, GenerationConfig(max_tokens=5, draft_max=4))
+    gen2 = SpeculativeGenerator(target, ModelDrafter(draft), ctx, GenerateOptions(adaptive=False, max_tokens=5, draft_max=4))
     before = target.decoded_tokens
     list(gen2.events())
     assert gen2.result.token_ids == expected

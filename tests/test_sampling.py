@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from specdec_cli.engine.config import validate_sampler
 from specdec_cli.engine.sampling import (
     Dist,
     SamplerSettings,
@@ -20,6 +19,7 @@ from specdec_cli.engine.sampling import (
     verify_greedy,
     verify_sampled,
 )
+from specdec_cli.engine.settings import GenerateOptions
 
 V = 12
 
@@ -216,23 +216,23 @@ def test_sampled_k1_monte_carlo_matches_target() -> None:
 
 
 def test_invalid_settings_are_rejected() -> None:
-    with pytest.raises(ValueError, match="--temp"):
-        validate_sampler(SamplerSettings(temperature=-0.1))
-    with pytest.raises(ValueError, match="top-p"):
-        validate_sampler(SamplerSettings(top_p=0))
+    with pytest.raises(ValueError, match="^temperature must be a finite number >= 0"):
+        GenerateOptions(temperature=-0.1).validate()
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\], got 0"):
+        GenerateOptions(top_p=0).validate()
 
 
 # ------------------------------------------------- non-finite values (hostile input)
 @pytest.mark.parametrize("temp", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_temperature_is_rejected(temp: float) -> None:
     with pytest.raises(ValueError, match="finite"):
-        validate_sampler(SamplerSettings(temperature=temp))
+        GenerateOptions(temperature=temp).validate()
 
 
 @pytest.mark.parametrize(("field", "value"), [("top_p", float("nan")), ("min_p", float("nan"))])
 def test_nan_masks_are_rejected(field: str, value: float) -> None:
     with pytest.raises(ValueError):
-        validate_sampler(SamplerSettings(**{field: value}))  # type: ignore[arg-type]
+        GenerateOptions(**{field: value}).validate()  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("temp", [1e-300, 1e-30, 1e-6])

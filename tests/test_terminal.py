@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pexpect
+import pytest
 
 ARGS = ["run", "Write two short lines about the sea.", "--drafter", "model", "-n", "40", "--ctx-size", "512", "--threads", "2"]
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+@pytest.mark.slow
 def test_run_on_a_terminal_colours_draft_tokens_and_keeps_the_text() -> None:
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     env["TERM"] = "xterm-256color"

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from specdec_cli.api import GenerateOptions, PromptTokens, Speculator
-from specdec_cli.engine.config import AUTO, DEFAULT_K, DRAFTERS, MODEL, NONE
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
 from specdec_cli.engine.estimates import BatchCosts, perfect_speedup
 from specdec_cli.engine.events import Step
+from specdec_cli.engine.settings import AUTO, DEFAULT_K, DRAFTERS, MODEL, NONE
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import UsageError
 from specdec_cli.prompts import PROMPTS, BenchPrompt
@@ -313,7 +313,7 @@ def run_bench(
     options: GenerateOptions,
     on_run: Callable[[str], None] | None = None,
 ) -> BenchResult:
-    result = BenchResult(configs, prompts, options.sampler().greedy)
+    result = BenchResult(configs, prompts, options.greedy)
     tokenized = [spec.tokenize(p.text) for p in prompts]
     result.costs = measure_costs(spec, tokenized[0], max(c.k for c in configs) if configs else 1)
     for p, toks in zip(prompts, tokenized, strict=True):

@@ -19,7 +19,7 @@ from pathlib import Path
 from specdec_cli import runner
 from specdec_cli.api import Speculator
 from specdec_cli.bench.core import TARGET_ONLY, BenchConfig, BenchInputError, RunRecord, Summary, category_groups
-from specdec_cli.engine.config import MODEL, NGRAM
+from specdec_cli.engine.settings import MODEL, NGRAM
 from specdec_cli.errors import SpecdecError
 from specdec_cli.prompts import BenchPrompt
 

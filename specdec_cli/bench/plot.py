@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdec_cli.bench.core import TARGET_ONLY, BenchInputError, Summary
-from specdec_cli.engine.config import MODEL, NGRAM
+from specdec_cli.engine.settings import MODEL, NGRAM
 
 
 def plot(summaries: list[Summary], path: Path) -> None:

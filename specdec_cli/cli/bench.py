@@ -20,7 +20,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output
-from specdec_cli.engine.config import AUTO, DEFAULT_K, MODEL, NGRAM
+from specdec_cli.engine.settings import AUTO, DEFAULT_K, MODEL, NGRAM
 
 
 @with_options
@@ -79,7 +79,7 @@ def bench(
             raise UsageError(f"--ngram-draft-max must be >= 1, got {ngram_draft_max}")
         prompt_set = core.load_prompts(prompts, category)
         cfgs = core.parse_configs(configs, draft.draft_max or DEFAULT_K[MODEL], ngram_draft_max)
-        if llama_cpp_bin is not None and sampling.temp > 0:
+        if llama_cpp_bin is not None and sampling.temperature > 0:
             raise UsageError("--llama-cpp-bin compares greedy runs: use --temp 0")
         n_external = len(external.llama_cpp_configs(llama_cpp_bin, cfgs)) if llama_cpp_bin else 0
         if plot is not None and not plot.parent.is_dir():
@@ -125,13 +125,7 @@ def bench(
         "prompts": len(prompt_set),
         "repeats": repeats,
         "warmup": warmup,
-        "max_tokens": max_tokens,
-        "temperature": sampling.temp,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "seed": sampling.seed,
-        "draft_p_min": draft.draft_p_min,
+        **options.as_dict(),
         "ngram": list(ngram.sizes),
         "threads": runtime.threads,
         "ctx_size": runtime.ctx_size,

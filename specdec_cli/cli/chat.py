@@ -19,7 +19,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output
-from specdec_cli.engine.config import NGRAM, NONE
+from specdec_cli.engine.settings import NGRAM, NONE
 
 
 @with_options

@@ -6,7 +6,7 @@ command names a group as one parameter (`sampling: SamplingOptions`) and
 the dataclass again before the command runs. So `run`, `chat`, `bench`,
 `pair-check` and `serve` take exactly the same `--temp`, `--draft-max`,
 `--threads`, ... with the same help and defaults, and the defaults come from
-the engine (`engine.config`, `SamplerSettings`).
+the engine (`engine.settings`, `SamplerSettings`).
 
 Values are not checked here: the engine checks them (`UsageError`), once.
 """
@@ -24,23 +24,13 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from specdec_cli.engine.config import (
-    DEFAULT_CTX,
-    DEFAULT_K,
-    DEFAULT_NGRAM,
-    DEFAULT_P_MIN,
-    MODEL,
-    NGRAM,
-    NONE,
-    DrafterKind,
-    SamplerSettings,
-)
+from specdec_cli.engine.settings import DEFAULT_CTX, DEFAULT_NGRAM, NGRAM, NONE, PARAMS, DrafterKind, GenerateOptions
 
 if TYPE_CHECKING:
     from specdec_cli.api import Speculator
 
 F = TypeVar("F", bound=Callable[..., Any])
-_S = SamplerSettings()
+_O = GenerateOptions()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,30 +81,17 @@ class DrafterOptions:
         return NONE if self.no_draft else self.drafter
 
 
+def _opt(name: str, *short: str, panel: str) -> Any:
+    """The Typer option for a generation parameter: its flag and help come from `engine.settings.PARAMS`."""
+    p = PARAMS[name]
+    return typer.Option(*short, p.flag, help=p.help, rich_help_panel=panel)
+
+
 @dataclasses.dataclass(frozen=True)
 class DraftOptions:
-    draft_max: Annotated[
-        int | None,
-        typer.Option(
-            "-k",
-            "--draft-max",
-            help=f"Most tokens drafted per step (default: the pair's, else {DEFAULT_K[MODEL]}; "
-            f"ngram and auto {DEFAULT_K[NGRAM]}).",
-            rich_help_panel="Speculation",
-        ),
-    ] = None
-    draft_min: Annotated[
-        int,
-        typer.Option("--draft-min", help="Fewest tokens the adaptive schedule drafts.", rich_help_panel="Speculation"),
-    ] = 1
-    draft_p_min: Annotated[
-        float,
-        typer.Option(
-            "--draft-p-min",
-            help="Draft model: stop a draft where its top token's probability is below this (0 = off).",
-            rich_help_panel="Speculation",
-        ),
-    ] = DEFAULT_P_MIN
+    draft_max: Annotated[int | None, _opt("draft_max", "-k", panel="Speculation")] = _O.draft_max
+    draft_min: Annotated[int, _opt("draft_min", panel="Speculation")] = _O.draft_min
+    draft_p_min: Annotated[float, _opt("draft_p_min", panel="Speculation")] = _O.draft_p_min
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,24 +112,11 @@ class NgramOptions:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingOptions:
-    temp: Annotated[
-        float, typer.Option("--temp", help="Temperature; 0 = greedy.", rich_help_panel="Sampling")
-    ] = _S.temperature
-    top_k: Annotated[
-        int, typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).", rich_help_panel="Sampling")
-    ] = _S.top_k
-    top_p: Annotated[
-        float, typer.Option("--top-p", help="Nucleus sampling threshold (1 = off).", rich_help_panel="Sampling")
-    ] = _S.top_p
-    min_p: Annotated[
-        float,
-        typer.Option(
-            "--min-p", help="Drop tokens below min-p x the top probability (0 = off).", rich_help_panel="Sampling"
-        ),
-    ] = _S.min_p
-    seed: Annotated[
-        int | None, typer.Option(help="Seed for a reproducible sampled run.", rich_help_panel="Sampling")
-    ] = None
+    temperature: Annotated[float, _opt("temperature", panel="Sampling")] = _O.temperature
+    top_k: Annotated[int, _opt("top_k", panel="Sampling")] = _O.top_k
+    top_p: Annotated[float, _opt("top_p", panel="Sampling")] = _O.top_p
+    min_p: Annotated[float, _opt("min_p", panel="Sampling")] = _O.min_p
+    seed: Annotated[int | None, _opt("seed", panel="Sampling")] = _O.seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,25 +138,13 @@ class RuntimeOptions:
 
 # Single options more than one command takes (each command picks its own default).
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
-MaxTokensOpt = Annotated[
-    int, typer.Option("-n", "--max-tokens", help="Stop after this many tokens.", rich_help_panel="Sampling")
-]
+MaxTokensOpt = Annotated[int, _opt("max_tokens", "-n", panel="Sampling")]
 SystemOpt = Annotated[str | None, typer.Option(help="System prompt (with the chat template).")]
 
 
 def generate_kwargs(sampling: SamplingOptions, draft: DraftOptions, fixed_k: bool = False) -> dict[str, Any]:
-    """The API's `GenerateOptions` fields these groups set."""
-    return {
-        "temperature": sampling.temp,
-        "top_k": sampling.top_k,
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "seed": sampling.seed,
-        "draft_max": draft.draft_max,
-        "draft_min": draft.draft_min,
-        "draft_p_min": draft.draft_p_min,
-        "adaptive": not fixed_k,
-    }
+    """The `GenerateOptions` fields these groups set (their fields are named as the parameters)."""
+    return {**dataclasses.asdict(sampling), **dataclasses.asdict(draft), "adaptive": not fixed_k}
 
 
 def load(

@@ -90,9 +90,11 @@ class Output:
                 on_error()
             if os.environ.get("SPECDEC_DEBUG"):
                 traceback.print_exc()
+            from specdec_cli.engine.settings import InvalidSetting, flag
             from specdec_cli.render import error_line
 
-            error_line(str(exc), self.err)
+            # a parameter's message, with the parameter called by its flag here
+            error_line(exc.named(flag(exc.param)) if isinstance(exc, InvalidSetting) else str(exc), self.err)
             raise typer.Exit(exc.exit_code) from None
 
 

@@ -40,12 +40,12 @@ def pair_check(
 
     from specdec_cli import pairs, runner
     from specdec_cli.engine import native
-    from specdec_cli.engine.config import validate_runtime
+    from specdec_cli.engine.settings import check_load
 
     out = Output(json_out)
     native.set_verbose(runtime.verbose)
     with out.errors():
-        validate_runtime(runtime.ctx_size, runtime.threads)
+        check_load(n_ctx=runtime.ctx_size, n_threads=runtime.threads)
         choice = runner.choose_models(target, draft, pair, no_draft=False)
         assert choice.draft is not None
         report = pairs.inspect_pair(choice.target, choice.draft, runtime.ctx_size)

@@ -21,7 +21,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output, read_prompt
-from specdec_cli.engine.config import NONE
+from specdec_cli.engine.settings import NONE
 from specdec_cli.errors import ExitCode
 
 ChatOpt = Annotated[

@@ -60,7 +60,7 @@ def serve(
 
     from specdec_cli import registry
     from specdec_cli.api import GenerateOptions
-    from specdec_cli.engine.config import NONE, validate_parallel
+    from specdec_cli.engine.settings import NONE, check_load
     from specdec_cli.errors import UsageError
     from specdec_cli.server.app import Server, ServerSettings
 
@@ -72,7 +72,7 @@ def serve(
             raise UsageError(f"--port must be from 0 to 65535, got {port}")
         if max_queue < 0:
             raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
-        validate_parallel(parallel)
+        check_load(n_ctx=runtime.ctx_size, n_threads=runtime.threads, parallel=parallel)
         key = api_key or os.environ.get("SPECDEC_API_KEY") or None
         sock = listen(host, port)  # before loading: a port in use is one line, at once
         with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel) as spec:

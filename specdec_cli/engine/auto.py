@@ -28,7 +28,6 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdec_cli.engine.config import AUTO, MODEL, NGRAM
 from specdec_cli.engine.cross import CrossDrafter
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, ModelDrafter, NgramDrafter, Outcome, Proposal
 from specdec_cli.engine.estimates import (
@@ -40,6 +39,7 @@ from specdec_cli.engine.estimates import (
     step_speedup,
 )
 from specdec_cli.engine.gate import ShadowScore
+from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
 
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried
 RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model

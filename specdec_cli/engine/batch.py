@@ -42,12 +42,12 @@ from collections.abc import Callable
 from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.batch_plan import Choice, Planner, ubatch_sizes
 from specdec_cli.engine.batch_slots import END, BatchJob, SeqView, Slot
-from specdec_cli.engine.config import AUTO, MODEL, NGRAM
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import DrafterDropped, Prefill
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.sampling import Dist
+from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import ContextError, InternalError, SpecdecError
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.batch_slots import BatchJob, Slot
-from specdec_cli.engine.config import AUTO, MODEL, NGRAM, NONE
 from specdec_cli.engine.drafters import DraftRequest, Proposal
 from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, perfect_speedup
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.occupancy import Occupancy
+from specdec_cli.engine.settings import AUTO, MODEL, NGRAM, NONE
 
 WINDOW = 64  # a draft cache that fell further behind than this re-reads only the last WINDOW tokens
 FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.drafters import NgramDrafter, Proposal
 from specdec_cli.engine.events import Event, Result
 from specdec_cli.engine.gate import ShadowScore
 from specdec_cli.engine.model import Model
+from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
 
 END = object()  # a job's last queue item
@@ -25,7 +25,7 @@ class BatchJob:
     """One generation submitted to the engine; iterate `events()` from any thread, then read `result`."""
 
     prompt: list[int]
-    config: GenerationConfig
+    config: GenerateOptions
     kind: str  # AUTO, MODEL, NGRAM or NONE
     should_stop: Callable[[], bool] = lambda: False
     k_max: int = 8

@@ -10,15 +10,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.drafters import Drafter, DraftRequest, Outcome, Proposal
 from specdec_cli.engine.gate import CostGate
+from specdec_cli.engine.settings import GenerateOptions
 
 
-def compose(inner: Drafter, config: GenerationConfig) -> Drafter:
+def compose(inner: Drafter, config: GenerateOptions) -> Drafter:
     if not config.adaptive:
         return inner
-    adaptive = AdaptiveLength(inner, config.draft_min, config.draft_max)
+    adaptive = AdaptiveLength(inner, config.draft_min, config.k_max)
     return CostGated(adaptive, learn_costs=not config.reproducible) if inner.free else adaptive
 
 

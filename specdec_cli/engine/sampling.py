@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec_cli.engine.config import SamplerSettings
+from specdec_cli.engine.settings import SamplerSettings
 
 __all__ = [
     "Dist",

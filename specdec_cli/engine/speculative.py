@@ -32,11 +32,11 @@ from functools import partial
 
 import numpy as np
 
-from specdec_cli.engine.config import GenerationConfig
 from specdec_cli.engine.drafters import Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Result, Step
 from specdec_cli.engine.protocol import LanguageModel
 from specdec_cli.engine.sampling import Dist, SamplerSettings, process, rows_finite, verify_greedy, verify_sampled
+from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.errors import ContextError, ModelOutputError
 
 
@@ -52,7 +52,7 @@ class SpeculativeGenerator:
         target: LanguageModel,
         drafter: Drafter | None,
         prompt: Sequence[int],
-        config: GenerationConfig,
+        config: GenerateOptions,
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
         config.validate()
@@ -138,7 +138,7 @@ class SpeculativeGenerator:
             if room <= 0:
                 res.stop_reason = "context"
                 return
-            k = max(0, min(cfg.draft_max, room - 1, cfg.max_tokens - len(res.token_ids) - 1))
+            k = max(0, min(cfg.k_max, room - 1, cfg.max_tokens - len(res.token_ids) - 1))
 
             proposal = Proposal()
             t_draft = t_sample = 0.0
@@ -218,7 +218,7 @@ def generate(
     target: LanguageModel,
     drafter: Drafter | None,
     prompt: Sequence[int],
-    config: GenerationConfig,
+    config: GenerateOptions,
 ) -> Result:
     """Run to completion without looking at the events (tests and benchmarks)."""
     gen = SpeculativeGenerator(target, drafter, prompt, config)

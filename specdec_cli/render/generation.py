@@ -22,8 +22,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.engine.config import MODEL, NGRAM
 from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Prefill, Step
+from specdec_cli.engine.settings import MODEL, NGRAM
 from specdec_cli.engine.stats import RunStats, Stats
 from specdec_cli.render import no_color, one_line, pct, visible, warning
 

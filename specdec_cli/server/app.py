@@ -29,8 +29,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specdec_cli.api import GenerateOptions, Speculator
-from specdec_cli.engine.config import MODEL
-from specdec_cli.errors import SpecdecError, UsageError
+from specdec_cli.engine.settings import MODEL, InvalidSetting
+from specdec_cli.errors import SpecdecError
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
 from specdec_cli.server.worker import Delta, Failed, Final, Job, QueueFull, Worker, describe
@@ -143,29 +143,20 @@ class Server:
         return body
 
     def _options(self, body: ChatRequest | CompletionRequest) -> GenerateOptions:
-        d = self.settings.defaults
+        """The request's parameters over the server's defaults, checked by `GenerateOptions.validate`."""
         spec = body.speculative
-        max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or d.max_tokens
-        options = GenerateOptions(
-            max_tokens=max_tokens,
-            temperature=d.temperature if body.temperature is None else body.temperature,
-            top_k=d.top_k if body.top_k is None else body.top_k,
-            top_p=d.top_p if body.top_p is None else body.top_p,
-            min_p=d.min_p if body.min_p is None else body.min_p,
-            seed=d.seed if body.seed is None else body.seed,
-            draft_max=spec.draft_max if spec is not None and spec.draft_max is not None else d.draft_max,
-            draft_min=d.draft_min,
-            adaptive=d.adaptive,
-            draft_p_min=d.draft_p_min,
-            drafter=spec.drafter if spec is not None and spec.drafter is not None else d.drafter,
-        )
+        options = self.settings.defaults.given(
+            max_tokens=getattr(body, "max_completion_tokens", None) or body.max_tokens,
+            temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
+            draft_max=spec.draft_max if spec is not None else None, drafter=spec.drafter if spec is not None else None,
+        )  # fmt: skip
         try:
             options.validate()
             if options.drafter == MODEL and self.spec.draft is None:
-                raise UsageError("the model drafter needs a draft model, and this server has none")
-        except UsageError as exc:
-            raise ApiError(400, str(exc).replace("--temp", "temperature").replace("--", ""),
-                           code="invalid_value") from None  # fmt: skip
+                raise InvalidSetting("drafter", None, "auto, ngram or none: this server has no draft model")
+        except InvalidSetting as exc:
+            where = _FIELDS.get(exc.param, exc.param)
+            raise ApiError(400, exc.named(where), param=where, code="invalid_value") from None
         return options
 
     # ------------------------------------------------------------ routes
@@ -360,6 +351,10 @@ class Server:
 
         app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, ApiError: too_large})
         return BodyLimit(app, MAX_BODY_BYTES)
+
+
+# the request field of a parameter, where it is not the parameter's own name
+_FIELDS = {"draft_max": "speculative.draft_max", "drafter": "speculative.drafter"}
 
 
 def _api_error(error: SpecdecError) -> ApiError:

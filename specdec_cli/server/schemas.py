@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specdec_cli.engine.config import DrafterKind
+from specdec_cli.engine.settings import DrafterKind
 
 MAX_STOPS = 4
 
