@@ -6,8 +6,8 @@
 import statistics
 import time
 
-from specdec_cli import packaged
 from specdec_cli.engine.model import Model
+from specdec_cli.models import packaged
 
 m = Model(packaged.smollm2_path(), n_ctx=1024, n_threads=2)
 toks = m.tokenize(

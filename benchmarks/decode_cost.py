@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from specdec_cli import packaged
 from specdec_cli.engine.model import Model
+from specdec_cli.models import packaged
 
 
 def main() -> None:

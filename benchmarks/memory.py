@@ -16,9 +16,9 @@ import resource
 import subprocess
 import sys
 
-from specdec_cli import packaged
 from specdec_cli.engine.gguf import GGUFSummary
 from specdec_cli.engine.model import Model
+from specdec_cli.models import packaged
 
 MB = 1024 * 1024
 

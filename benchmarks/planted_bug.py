@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specdec_cli import packaged
 from specdec_cli.engine import sampling
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.model import Model
+from specdec_cli.models import packaged
 from tests import distribution
 
 

@@ -225,9 +225,9 @@ def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exa
 
 
 def pair_files(pair: str | None) -> tuple[Path, Path]:
-    from specdec_cli import runner
+    from specdec_cli.models import loading
 
-    choice = runner.choose_models(None, None, pair, no_draft=False, drafter="model")
+    choice = loading.choose_models(None, None, pair, no_draft=False, drafter="model")
     assert choice.draft is not None
     return choice.target, choice.draft
 

@@ -27,8 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec_cli import runner
-from specdec_cli.engine import native
+from specdec_cli.engine import native, prompting
 from specdec_cli.engine.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.cross import CrossDrafter, CrossVocab
@@ -52,6 +51,7 @@ from specdec_cli.engine.settings import (
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import UsageError
 from specdec_cli.generation import Chunk, Generation, GenerationRun, Message, Prompt, PromptTokens
+from specdec_cli.models import loading
 
 __all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Message", "Prompt", "PromptTokens",
            "Speculator", "load"]
@@ -61,7 +61,7 @@ class Speculator:
 
     def __init__(
         self,
-        choice: runner.ModelChoice,
+        choice: loading.ModelChoice,
         target: Model,
         draft: Model | None,
         *,
@@ -110,14 +110,14 @@ class Speculator:
         if isinstance(prompt, PromptTokens):
             return prompt
         if isinstance(prompt, str):
-            ids, used = runner.tokenize_prompt(self.target, prompt, use_chat=chat, system=system)
+            ids, used = prompting.tokenize_prompt(self.target, prompt, use_chat=chat, system=system)
             return PromptTokens(ids, used)
-        messages = runner.check_messages(prompt)
+        messages = prompting.check_messages(prompt)
         if chat is False:
             raise UsageError("a list of messages needs the chat template: drop chat=False or pass a string")
         if system:
             messages = [{"role": "system", "content": system}, *messages]
-        return PromptTokens(runner.tokenize_chat(self.target, self.target.info().chat_template, messages), True)
+        return PromptTokens(prompting.tokenize_chat(self.target, self.target.info().chat_template, messages), True)
 
     # --------------------------------------------------------- generation
     def start(
@@ -312,9 +312,9 @@ def load(
     """
     check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram)
     kind = check_drafter(NONE if drafter is None else drafter)
-    if target is not None and draft is None and pair is None and runner.is_pair_name(target):
+    if target is not None and draft is None and pair is None and loading.is_pair_name(target):
         pair, target = str(target), None
-    choice = runner.choose_models(
+    choice = loading.choose_models(
         Path(target) if target is not None else None,
         Path(draft) if draft is not None else None,
         pair,
@@ -328,7 +328,7 @@ def load(
         warnings.append(f"--threads {n_threads} is more than the {cores} cores this process may use: using {cores}")
         n_threads = cores
     native.set_verbose(verbose)
-    t, d, cross = runner.load_pair(
+    t, d, cross = loading.load_pair(
         choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         n_seq=parallel,
     )

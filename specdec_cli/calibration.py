@@ -23,7 +23,7 @@ from specdec_cli.engine.costs import batch_costs, draft_token_seconds
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.native import usable_cores
-from specdec_cli.packaged import cache_dir
+from specdec_cli.models.packaged import cache_dir
 
 VERSION = 1
 BASE_TEXT = "The quick brown fox jumps over the lazy dog. " * 4

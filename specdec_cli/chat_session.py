@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec_cli import runner
 from specdec_cli.api import GenerateOptions, Generation, PromptTokens, Speculator
+from specdec_cli.engine import prompting
 from specdec_cli.engine.events import Event
 from specdec_cli.engine.settings import NONE, PARAMS, InvalidSetting, Param
 from specdec_cli.engine.stats import Stats
@@ -96,7 +96,7 @@ class ChatSession:
 
     # --------------------------------------------------------------- turns
     def _tokens(self, user: str) -> PromptTokens:
-        return self.spec.tokenize(runner.chat_messages(user, self.system, self.history))
+        return self.spec.tokenize(prompting.chat_messages(user, self.system, self.history))
 
     def prompt_tokens(self, user: str, reserve: int) -> tuple[PromptTokens, int]:
         """The conversation's tokens with room for `reserve` new ones; drops the oldest turns if needed."""

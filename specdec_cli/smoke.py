@@ -11,7 +11,7 @@ import sys
 
 CHILD = """
 import numpy as np
-from specdec_cli import packaged
+from specdec_cli.models import packaged
 from specdec_cli.engine.model import Model
 for name in ("smollm2-135m-instruct", "gemma3-270m"):
     m = Model(packaged.packaged_path(name), n_ctx=128, n_threads=2)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cli import packaged
 from specdec_cli.api import Speculator
 from specdec_cli.engine.model import Model
-from specdec_cli.runner import ModelChoice
+from specdec_cli.models import packaged
+from specdec_cli.models.loading import ModelChoice
 
 N_CTX = 1024
 THREADS = 2

@@ -11,10 +11,10 @@ from rich.console import Console
 from specdec_cli.bench import core as bench
 from specdec_cli.bench import external
 from specdec_cli.bench.plot import plot
+from specdec_cli.bench.prompts import BenchPrompt
 from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Step
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import SpecdecError
-from specdec_cli.prompts import BenchPrompt
 from specdec_cli.render.reports import bench_report
 
 

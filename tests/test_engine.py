@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec_cli import prompts as bench_prompts
-from specdec_cli import runner
+from specdec_cli.bench import prompts as bench_prompts
+from specdec_cli.engine import prompting
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.events import DRAFT, TARGET
 from specdec_cli.engine.model import Model
@@ -30,7 +30,7 @@ PROMPTS = [
 
 
 def chat_tokens(model: Model, text: str) -> list[int]:
-    tokens, used = runner.tokenize_prompt(model, text, use_chat=None, system=None)
+    tokens, used = prompting.tokenize_prompt(model, text, use_chat=None, system=None)
     return tokens
 
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_cli.engine import chat
+from specdec_cli.engine import templates
 from specdec_cli.errors import SpecdecError
 
 ENV = {**os.environ, "SPECDEC_CALIBRATE": "0", "NO_COLOR": "1"}
@@ -142,8 +142,8 @@ def statement() -> st.SearchStrategy[str]:
 def test_generated_templates_end_cleanly(template: str) -> None:
     t0 = time.monotonic()
     try:
-        out = chat.render(template, [{"role": "user", "content": "hi"}], bos_token="<s>", eos_token="</s>")
-        assert isinstance(out, str) and len(out) <= chat.MAX_CHARS
+        out = templates.render(template, [{"role": "user", "content": "hi"}], bos_token="<s>", eos_token="</s>")
+        assert isinstance(out, str) and len(out) <= templates.MAX_CHARS
     except SpecdecError as exc:
         assert "\n" not in str(exc) or "refused" in str(exc)
-    assert time.monotonic() - t0 < chat.RENDER_SECONDS + 2, template
+    assert time.monotonic() - t0 < templates.RENDER_SECONDS + 2, template

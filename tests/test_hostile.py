@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import runner
 from specdec_cli.cli import app
+from specdec_cli.engine import prompting
 from specdec_cli.engine.drafters import ModelDrafter
 from specdec_cli.engine.events import DrafterDropped, Step
 from specdec_cli.engine.model import Model
@@ -23,7 +23,7 @@ PROMPT = "Tell me a short story about a lighthouse."
 
 
 def _tokens(model: Model) -> list[int]:
-    return runner.tokenize_prompt(model, PROMPT, use_chat=True, system=None)[0]
+    return prompting.tokenize_prompt(model, PROMPT, use_chat=True, system=None)[0]
 
 
 def test_the_corrupt_draft_really_produces_non_finite_logits(corrupt_draft_path: Path) -> None:

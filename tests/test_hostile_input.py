@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import registry
 from specdec_cli.cli import app
 from specdec_cli.errors import ConfigError
+from specdec_cli.models import registry
 
 cli = CliRunner()
 FAST = ["--ctx-size", "256", "--threads", "2"]

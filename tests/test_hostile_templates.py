@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from specdec_cli import api, runner
+from specdec_cli import api
 from specdec_cli.cli import app
-from specdec_cli.engine import chat
+from specdec_cli.engine import prompting, templates
 from specdec_cli.engine.events import TARGET, EmittedToken, Step
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.specials import ControlTexts, defang
@@ -55,12 +55,12 @@ HOSTILE = {
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_template_ends_in_one_clear_error(name: str) -> None:
     t0 = time.monotonic()
-    with pytest.raises(chat.ChatTemplateError) as exc:
-        chat.render(HOSTILE[name], USER, bos_token="", eos_token="", source="evil.gguf")
+    with pytest.raises(templates.ChatTemplateError) as exc:
+        templates.render(HOSTILE[name], USER, bos_token="", eos_token="", source="evil.gguf")
     # The budget is checked between template operations: one builtin call already running (wordwrap
     # of 2 MB) finishes first. It took 4.5 s on a slow phase of a 2-core machine, so the slack is
     # generous; a render that the budget did not stop would still run for minutes.
-    assert time.monotonic() - t0 < chat.RENDER_SECONDS + 8
+    assert time.monotonic() - t0 < templates.RENDER_SECONDS + 8
     message = str(exc.value)
     assert message.startswith("the chat template in evil.gguf failed: ") and "--raw" in message
     assert "\n" not in message
@@ -71,10 +71,10 @@ def test_hostile_templates_stay_within_memory_bounds() -> None:
     """All of them in a fresh process: its peak memory stays far below what they ask for (GBs)."""
     code = (
         "import json, sys\n"
-        "from specdec_cli.engine import chat\n"
+        "from specdec_cli.engine import templates\n"
         "for t in json.loads(sys.stdin.read()):\n"
-        "    try: chat.render(t, [{'role': 'user', 'content': 'hi'}], bos_token='', eos_token='')\n"
-        "    except chat.ChatTemplateError: pass\n"
+        "    try: templates.render(t, [{'role': 'user', 'content': 'hi'}], bos_token='', eos_token='')\n"
+        "    except templates.ChatTemplateError: pass\n"
         # VmHWM, not ru_maxrss: ru_maxrss survives fork+exec, so it would report the test runner's peak
         "print(next(int(x.split()[1]) * 1024 for x in open('/proc/self/status') if x.startswith('VmHWM')))\n"
     )
@@ -94,15 +94,15 @@ def test_ordinary_templates_are_unchanged(smol: Model) -> None:
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 40} for i in range(40)]
     plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
     expected = plain.render(messages=messages, bos_token="", eos_token="", add_generation_prompt=True)
-    chat.render(template, messages, bos_token="", eos_token="")  # compiled once
+    templates.render(template, messages, bos_token="", eos_token="")  # compiled once
     t0 = time.perf_counter()
-    assert chat.render(template, messages, bos_token="", eos_token="") == expected
+    assert templates.render(template, messages, bos_token="", eos_token="") == expected
     assert time.perf_counter() - t0 < 0.5
 
 
 def test_raise_exception_in_a_template_is_a_refusal_not_a_crash() -> None:
     with pytest.raises(SpecdecError, match="refused the conversation: no users"):
-        chat.render("{{ raise_exception('no users') }}", USER, bos_token="", eos_token="")
+        templates.render("{{ raise_exception('no users') }}", USER, bos_token="", eos_token="")
 
 
 # ------------------------------------------------------------ through the CLI
@@ -161,8 +161,8 @@ def control_ids(model: Model, ids: list[int]) -> list[int]:
 
 def test_a_message_cannot_forge_a_turn(smol: Model) -> None:
     template = smol.info().chat_template
-    forged = runner.tokenize_chat(smol, template, [{"role": "user", "content": INJECTION}])
-    benign = runner.tokenize_chat(smol, template, [{"role": "user", "content": "Hello"}])
+    forged = prompting.tokenize_chat(smol, template, [{"role": "user", "content": INJECTION}])
+    benign = prompting.tokenize_chat(smol, template, [{"role": "user", "content": "Hello"}])
     # the only control tokens are the template's own: the same ones a benign message gets
     assert control_ids(smol, forged) == control_ids(smol, benign)
     # and the message's text is all there, as text
@@ -189,7 +189,7 @@ def test_a_closed_speculator_raises_instead_of_crashing(smol_path: Path) -> None
 
 
 def test_raw_mode_still_parses_special_tokens_as_documented(smol: Model) -> None:
-    ids, used_chat = runner.tokenize_prompt(smol, "<|im_start|>user\nhi<|im_end|>", use_chat=False, system=None)
+    ids, used_chat = prompting.tokenize_prompt(smol, "<|im_start|>user\nhi<|im_end|>", use_chat=False, system=None)
     assert not used_chat and len(control_ids(smol, ids)) == 2
 
 
@@ -197,8 +197,8 @@ def test_conversations_without_control_text_tokenize_as_before(smol: Model) -> N
     template = smol.info().chat_template
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A <b>tag</b> and |pipes|"}]
     sp = smol.special_texts()
-    text = chat.render(template, messages, bos_token=sp.bos_text, eos_token=sp.eos_text)
-    assert runner.tokenize_chat(smol, template, messages) == smol.tokenize(text, add_special=True, parse_special=True)
+    text = templates.render(template, messages, bos_token=sp.bos_text, eos_token=sp.eos_text)
+    assert prompting.tokenize_chat(smol, template, messages) == smol.tokenize(text, add_special=True, parse_special=True)
 
 
 def test_control_text_search_is_fast_on_a_large_vocabulary(gemma: Model) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from specdec_cli import registry
 from specdec_cli.cli import app
+from specdec_cli.models import registry
 
 runner = CliRunner()
 

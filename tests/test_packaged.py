@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cli import packaged
 from specdec_cli.engine import native
 from specdec_cli.errors import ModelFileError
+from specdec_cli.models import packaged
 
 
 def test_smollm2_found_without_importing_llm() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cli import hub, registry
 from specdec_cli.errors import ConfigError, ModelFileError
+from specdec_cli.models import hub, registry
 
 GOOD_PAIR = """
 [pairs.mine]

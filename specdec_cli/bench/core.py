@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from specdec_cli.api import GenerateOptions, PromptTokens, Speculator
+from specdec_cli.bench.prompts import PROMPTS, BenchPrompt
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
 from specdec_cli.engine.estimates import BatchCosts, perfect_speedup
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.settings import AUTO, DEFAULT_K, DRAFTERS, MODEL, NONE
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import UsageError
-from specdec_cli.prompts import PROMPTS, BenchPrompt
 
 TARGET_ONLY = "target"
 BenchInputError = UsageError  # bad configurations, prompt files and options: exit 2

@@ -16,12 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec_cli import runner
 from specdec_cli.api import Speculator
 from specdec_cli.bench.core import TARGET_ONLY, BenchConfig, BenchInputError, RunRecord, Summary, category_groups
+from specdec_cli.bench.prompts import BenchPrompt
 from specdec_cli.engine.settings import MODEL, NGRAM
 from specdec_cli.errors import SpecdecError
-from specdec_cli.prompts import BenchPrompt
 
 LLAMA_TOOLS: dict[str, str] = {MODEL: "llama-speculative-simple", NGRAM: "llama-lookup"}
 
@@ -89,7 +88,7 @@ def run_llama_cpp(
     threads: int,
     on_run: Callable[[str], None] | None = None,
 ) -> list[ExternalRun]:
-    from specdec_cli.engine import chat
+    from specdec_cli.engine import prompting, templates
 
     runs: list[ExternalRun] = []
     wanted = llama_cpp_configs(bin_dir, configs)
@@ -101,8 +100,8 @@ def run_llama_cpp(
         for p in prompts:
             text = p.text
             if info.chat_template:  # the same rendered prompt specdec tokenizes
-                text = chat.render(
-                    info.chat_template, runner.chat_messages(p.text, None), bos_token=sp.bos_text,
+                text = templates.render(
+                    info.chat_template, prompting.chat_messages(p.text, None), bos_token=sp.bos_text,
                     eos_token=sp.eos_text, source=spec.target.name,
                 )  # fmt: skip
                 if sp.add_bos and sp.bos_text and text.startswith(sp.bos_text):

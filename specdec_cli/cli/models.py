@@ -24,7 +24,7 @@ NameArg = Annotated[str, typer.Argument(help="A pair's name (see `specdec models
 @app.command("list")
 def models_list(json_out: JsonOpt = False) -> None:
     """Every pair: target, draft, sizes, and whether the files are on disk."""
-    from specdec_cli import registry
+    from specdec_cli.models import registry
 
     out = Output(json_out)
     with out.errors():
@@ -48,7 +48,7 @@ def models_list(json_out: JsonOpt = False) -> None:
 @app.command("show")
 def models_show(name: NameArg, json_out: JsonOpt = False) -> None:
     """One pair in full: sources, URLs, sizes, what was not verified, paths on disk."""
-    from specdec_cli import registry
+    from specdec_cli.models import registry
 
     out = Output(json_out)
     with out.errors():
@@ -74,7 +74,7 @@ def models_path(
 
     Exit code 1, with how to pull, when a file is not on disk.
     """
-    from specdec_cli import registry
+    from specdec_cli.models import registry
 
     if role not in (None, "target", "draft"):
         raise usage_error(f"--role must be target or draft, not {role!r}")
@@ -100,7 +100,7 @@ def models_pull(
 
     Prints the two paths (target, draft) on stdout when both are on disk.
     """
-    from specdec_cli import hub, registry
+    from specdec_cli.models import hub, registry
     from specdec_cli.render import error_line
     from specdec_cli.render.models import DownloadProgress
 

@@ -38,21 +38,22 @@ def pair_check(
     if not pair and not (target and draft):
         raise usage_error("give TARGET and DRAFT paths, or --pair NAME")
 
-    from specdec_cli import pairs, runner
+    from specdec_cli import pairs
     from specdec_cli.engine import native
     from specdec_cli.engine.settings import check_load
+    from specdec_cli.models import loading
 
     out = Output(json_out)
     native.set_verbose(runtime.verbose)
     with out.errors():
         check_load(n_ctx=runtime.ctx_size, n_threads=runtime.threads)
-        choice = runner.choose_models(target, draft, pair, no_draft=False)
+        choice = loading.choose_models(target, draft, pair, no_draft=False)
         assert choice.draft is not None
         report = pairs.inspect_pair(choice.target, choice.draft, runtime.ctx_size)
         probe_result = None
         if probe and report.verdict.ok:
             from specdec_cli import api
-            from specdec_cli import probe as probe_mod
+            from specdec_cli.pairs import probe as probe_mod
 
             with api.load(
                 choice.target,

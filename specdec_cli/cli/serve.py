@@ -58,10 +58,10 @@ def serve(
     """Serve the pair over an OpenAI-compatible HTTP API (--parallel requests at a time, the rest queued)."""
     import uvicorn
 
-    from specdec_cli import registry
     from specdec_cli.api import GenerateOptions
     from specdec_cli.engine.settings import NONE, check_load
     from specdec_cli.errors import UsageError
+    from specdec_cli.models import registry
     from specdec_cli.server.app import Server, ServerSettings
 
     QuietExit = _quiet_exit_class()  # noqa: N806

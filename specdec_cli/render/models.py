@@ -11,13 +11,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.hub import human_bytes
+from specdec_cli.models.hub import human_bytes
 from specdec_cli.render import no_color
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from specdec_cli.registry import PairStatus
+    from specdec_cli.models.registry import PairStatus
 
 def _size(gb: float | None, path: Path | None) -> str:
     if path is not None:

@@ -18,7 +18,7 @@ from specdec_cli.render import no_color, pct, visible
 if TYPE_CHECKING:
     from specdec_cli.bench.core import Costs, Summary
     from specdec_cli.pairs import PairReport
-    from specdec_cli.probe import ProbeResult
+    from specdec_cli.pairs.probe import ProbeResult
 
 # ---------------------------------------------------------------- pair-check
 VERDICT_STYLE = {

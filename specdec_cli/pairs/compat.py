@@ -232,14 +232,14 @@ def round_trips(target: Any, draft: Any, template: str | None) -> list[RoundTrip
         b = draft.tokenize(text, add_special=True, parse_special=False)
         out.append(_compare(name, a, b))
     if template:
-        from specdec_cli.engine import chat
+        from specdec_cli.engine import templates
 
         sp = target.special_texts()
         try:
-            rendered = chat.render(
+            rendered = templates.render(
                 template, CHAT_PROBE, bos_token=sp.bos_text, eos_token=sp.eos_text, source=target.name
             )
-        except chat.ChatTemplateError:
+        except templates.ChatTemplateError:
             return out  # a broken template is reported when it is used; the vocabularies are what matter here
         a = target.tokenize(rendered, add_special=False, parse_special=True)
         b = draft.tokenize(rendered, add_special=False, parse_special=True)

@@ -16,9 +16,9 @@ from typing import Any
 
 from platformdirs import user_config_dir
 
-from specdec_cli import hub
 from specdec_cli.engine.settings import MAX_DRAFT
 from specdec_cli.errors import ConfigError, ModelFileError, env_directory
+from specdec_cli.models import hub
 
 SOURCE_KEYS = ("packaged", "repo", "path")
 SOURCE_FIELDS = {"packaged", "requantize", "repo", "file", "revision", "path", "sha256", "size_gb", "unverified"}
@@ -29,8 +29,8 @@ MAX_SIZE_GB = 10_000.0
 
 def bundled_models_toml() -> Path:
     """The models.toml shipped with specdec (inside the wheel, or the repo root)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "models.toml", here.parent / "models.toml"):
+    package = Path(__file__).resolve().parent.parent  # specdec_cli/
+    for candidate in (package / "models.toml", package.parent / "models.toml"):
         if candidate.exists():
             return candidate
     raise ConfigError("models.toml is missing from this specdec installation; reinstall specdec")
@@ -287,7 +287,7 @@ def _check_default(reg: Registry, origin: Path) -> None:
 # ------------------------------------------------------------------ files on disk
 def on_disk(source: Source) -> Path | None:
     """The source's local file if it is there now, without building or downloading anything."""
-    from specdec_cli import packaged
+    from specdec_cli.models import packaged
 
     if source.packaged:
         try:
@@ -303,7 +303,7 @@ def on_disk(source: Source) -> Path | None:
 
 def resolve(source: Source, pair_name: str, role: str = "model") -> Path:
     """The local file for a source, building a derived draft if needed (never downloads)."""
-    from specdec_cli import packaged
+    from specdec_cli.models import packaged
 
     if source.packaged:
         base = packaged.packaged_path(source.packaged)
