@@ -33,8 +33,8 @@ from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.cross import CrossDrafter, CrossVocab
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.events import DRAFT, Step
-from specdec_cli.engine.model import Model
 from specdec_cli.engine.policies import compose
+from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.settings import (
     AUTO,
     DEFAULT_CTX,
@@ -62,8 +62,8 @@ class Speculator:
     def __init__(
         self,
         choice: loading.ModelChoice,
-        target: Model,
-        draft: Model | None,
+        target: LoadedModel,
+        draft: LoadedModel | None,
         *,
         drafter: str,
         ngram: tuple[int, int],
@@ -295,6 +295,7 @@ def load(
     ngram: tuple[int, int] = DEFAULT_NGRAM,
     verbose: bool = False,
     parallel: int = 1,
+    open_model: ModelOpener | None = None,
 ) -> Speculator:
     """Load a target and its drafter.
 
@@ -309,6 +310,8 @@ def load(
     their generations share each step's target batch (engine/batch.py), each one
     token-for-token what it would be alone (greedy; sampling keeps the target's
     distribution, and a seeded sampled generation is decoded without drafts).
+
+    `open_model` opens the model files (default: llama.cpp; tests pass a fake, tests/fakes.py).
     """
     check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram)
     kind = check_drafter(NONE if drafter is None else drafter)
@@ -330,7 +333,7 @@ def load(
     native.set_verbose(verbose)
     t, d, cross = loading.load_pair(
         choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-        n_seq=parallel,
+        n_seq=parallel, opener=open_model,
     )
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel)
     if cross and parallel > 1 and d is not None:

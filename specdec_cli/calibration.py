@@ -21,8 +21,8 @@ from pathlib import Path
 from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
 from specdec_cli.engine.estimates import BatchCosts
-from specdec_cli.engine.model import Model
 from specdec_cli.engine.native import usable_cores
+from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.models.packaged import cache_dir
 
 VERSION = 1
@@ -63,7 +63,7 @@ def _file_key(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
 
 
-def _key(target: Model, draft: Model | None, threads: int | None, max_batch: int, draft_batch: int = 1) -> str:
+def _key(target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int, draft_batch: int = 1) -> str:
     batch = f"b={max_batch}" + (f",d={draft_batch}" if draft_batch > 1 else "")
     parts = [f"v{VERSION}", _cpu(), f"threads={threads or usable_cores()}", batch, _file_key(target.path)]
     if draft is not None:
@@ -84,7 +84,7 @@ def _read() -> dict[str, dict]:
 
 
 def calibrate(
-    target: Model, draft: Model | None, threads: int | None, max_batch: int, draft_batch: int = 1
+    target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int, draft_batch: int = 1
 ) -> Calibration | None:
     """Cached starting costs for this pair on this machine; None when turned off. `draft_batch` > 1
     (a parallel server) also measures the draft's batches of up to that many tokens."""
@@ -134,13 +134,13 @@ def calibrate(
     return cal
 
 
-def starting_state(target: Model, draft: Model | None, threads: int | None, max_batch: int) -> AutoState:
+def starting_state(target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int) -> AutoState:
     """The auto drafter's estimates before a run has measured anything: the calibration's, if any."""
     return parallel_starting_state(target, draft, threads, max_batch)[0]
 
 
 def parallel_starting_state(
-    target: Model, draft: Model | None, threads: int | None, max_batch: int, draft_batch: int = 1
+    target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int, draft_batch: int = 1
 ) -> tuple[AutoState, BatchCosts]:
     """The starting estimates, and the draft's batch costs (rounds that draft for several slots at once)."""
     state = AutoState()

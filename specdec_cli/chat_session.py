@@ -20,6 +20,7 @@ from specdec_cli.api import GenerateOptions, Generation, PromptTokens, Speculato
 from specdec_cli.engine import prompting
 from specdec_cli.engine.events import Event
 from specdec_cli.engine.settings import NONE, PARAMS, InvalidSetting, Param
+from specdec_cli.engine.speculative import prompt_fits
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, UnsupportedModelError, UsageError
 
@@ -107,7 +108,7 @@ class ChatSession:
             del self.history[:2]  # the oldest user/assistant exchange
             dropped += 1
             tokens = self._tokens(user)
-        if len(tokens.ids) >= n_ctx:
+        if not prompt_fits(len(tokens.ids), n_ctx):
             raise ContextError(
                 f"this message alone is {len(tokens.ids)} tokens with the system prompt; --ctx-size is {n_ctx}"
             )

@@ -12,11 +12,18 @@ per call plus one per token), so policies that read costs are deterministic.
 
 from __future__ import annotations
 
+import os
+import re
+import time
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
+from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
 
 
@@ -123,3 +130,137 @@ def greedy_reference(model: FakeModel, prompt: Sequence[int], max_tokens: int) -
         if len(out) >= max_tokens:
             return out, "length"
     return out, "context"
+
+
+# ------------------------------------------------------------------ the whole stack on a fake
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIALS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")  # ids 256, 257 (the end of a turn), 258
+N_BYTES = 256
+WINDOW = 24  # reaches past the template's "<|im_end|>\n<|im_start|>assistant\n" into the user's words
+WORDS = np.array([97 <= b <= 122 or b in b" .,\n" for b in range(N_BYTES)] + [False] * len(SPECIALS))
+
+
+class FakeGGUF(FakeModel):
+    """A fake with everything the API, the CLI and the server use of a loaded model (engine/protocol.py's
+    `LoadedModel`): a byte tokenizer with ChatML's control tokens, a chat template, metadata, several
+    sequences. Opened by `open_fake` in place of llama.cpp (`models.loading.OPENER`), it makes any GGUF
+    path a model of the same family: every file's logits are one shared function of the last WINDOW
+    tokens plus a little noise seeded by the file's name, so a pair's draft agrees with its target
+    often, not always. Logits favour lowercase letters, spaces and stops (text a terminal can show), and the end
+    of a turn once there is some text.
+    Decode time is measured (the work is numpy), so stats and the auto drafter's costs are real ones.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_gpu_layers: int = 0, n_batch: int = 256, vocab_only: bool = False, n_seq: int = 1,
+                 unified: bool = False) -> None:  # fmt: skip
+        self.path = Path(path)
+        noise = 0.25 * (zlib.crc32(self.path.name.encode()) % 5 + 1) / 5
+        super().__init__(N_BYTES + len(SPECIALS), n_ctx, seed=7, window=WINDOW, scale=4.0, noise=noise,
+                         noise_seed=zlib.crc32(self.path.name.encode()), eog=(N_BYTES + 1,), name=self.path.name,
+                         call_cost=0.0, token_cost=0.0)  # fmt: skip
+        self.n_seq, self.n_batch, self.unified = max(1, n_seq), n_batch, unified
+        self.seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self.tokens = self.seq_tokens[0]
+        self.warnings: list[str] = []
+        self.closed = False
+
+    def logits_after(self, context: Sequence[int]) -> np.ndarray:
+        row = super().logits_after(context).copy()
+        row[~WORDS] -= 12.0
+        row[N_BYTES + 1] += 1.0 if len(context) > 40 else -12.0  # an end of turn, once there is some text
+        return row
+
+    # ------------------------------------------------------------ vocabulary
+    def token_text(self, token: int) -> bytes:
+        return bytes([token]) if token < N_BYTES else SPECIALS[token - N_BYTES].encode()
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        if not parse_special:
+            return list(text.encode())
+        ids: list[int] = []
+        pattern = "(" + "|".join(re.escape(s) for s in SPECIALS) + ")"
+        for piece in re.split(pattern, text):
+            ids += [N_BYTES + SPECIALS.index(piece)] if piece in SPECIALS else list(piece.encode())
+        return ids
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.token_text(t) for t in tokens).decode("utf-8", "replace")
+
+    def control_ids(self) -> frozenset[int]:
+        return frozenset(range(N_BYTES, N_BYTES + len(SPECIALS)))
+
+    def control_texts(self) -> ControlTexts:
+        return ControlTexts.of(SPECIALS)
+
+    def special_texts(self) -> SpecialTexts:
+        return SpecialTexts(bos_text="", eos_text="<|im_end|>", add_bos=False)
+
+    def vocab_info(self) -> VocabInfo:
+        return VocabInfo(self.n_vocab, 2, -1, N_BYTES + 1, -1, False, False,
+                         tuple(self.token_text(i) for i in range(self.n_vocab)), self.eog_ids,
+                         self.control_ids())  # fmt: skip
+
+    def info(self) -> ModelInfo:
+        size = self.path.stat().st_size if self.path.exists() else 0
+        return ModelInfo(self.path, "fake (tests/fakes.py)", size, 1000, 8192, 0, CHATML, {})
+
+    # ------------------------------------------------------------ sequences
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:
+        t0 = time.perf_counter()
+        self.tokens = self.seq_tokens[seq]
+        try:
+            return super().decode(tokens, n_logits)
+        finally:
+            self.tokens = self.seq_tokens[0]
+            self.decode_seconds += time.perf_counter() - t0
+
+    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        assert sum(len(t) for _, t, _, _ in parts) <= self.n_batch
+        out = []
+        for seq, toks, n_logits, tail in parts:
+            if not toks:
+                out.append(np.empty((0, self.n_vocab), dtype=np.float32))
+                continue
+            rows = self.decode(toks, len(toks), seq)
+            out.append(rows[len(toks) - tail - n_logits : len(toks) - tail])
+        return out
+
+    def rollback(self, n_keep: int, seq: int = 0) -> None:
+        del self.seq_tokens[seq][n_keep:]
+
+    def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
+        self.tokens = self.seq_tokens[seq]
+        try:
+            return super().common_prefix(tokens)
+        finally:
+            self.tokens = self.seq_tokens[0]
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
+        keep = self.common_prefix(tokens, seq)
+        self.rollback(keep, seq)
+        if keep < len(tokens):
+            self.decode(tokens[keep:], 1, seq)
+
+    def reset(self) -> None:
+        for s in self.seq_tokens:
+            s.clear()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> FakeGGUF:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_fake(path: str | os.PathLike[str], **params: Any) -> FakeGGUF:
+    """`models.loading.OPENER`'s stand-in: the file is checked as a GGUF file would be, then faked."""
+    from specdec_cli.engine.gguf import check_gguf_file
+
+    return FakeGGUF(check_gguf_file(path), **params)

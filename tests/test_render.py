@@ -8,7 +8,7 @@ import re
 from rich.console import Console
 
 from specdec_cli.api import Generation
-from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Prefill, Result, Step
+from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken, Prefill, Step, Transcript
 from specdec_cli.engine.stats import Stats
 from specdec_cli.render import generation as render
 
@@ -54,7 +54,7 @@ def make_steps() -> list[Step]:
 
 def feed(r: render.Renderer) -> tuple[Generation, Stats]:
     stats = Stats()
-    result = Result(text="", token_ids=[], stop_reason="eos", n_prompt=3)
+    result = Transcript(text="", token_ids=[], stop_reason="eos", n_prompt=3)
     r.start()
     ev0 = Prefill(3, 0.001, 0.001)
     stats.observe(ev0)

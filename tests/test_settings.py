@@ -34,7 +34,8 @@ def test_a_bad_value_names_the_parameter_and_each_front_end_renames_it(name: str
 def test_draft_min_is_checked_against_the_resolved_draft_max() -> None:
     with pytest.raises(InvalidSetting, match=r"^draft_min must be in \[1, draft_max=3\], got 5"):
         GenerateOptions(draft_max=3, draft_min=5).validate()
-    assert GenerateOptions(draft_min=5).resolved(3).draft_min == 3  # not given: capped to the chosen K
+    GenerateOptions(draft_min=6).validate()  # draft_max not given: the drafter's default decides (auto's is 8)
+    assert GenerateOptions(draft_min=5).resolved(3).draft_min == 3  # and draft_min is capped to it
     assert GenerateOptions().resolved(6).k_max == 6
 
 
@@ -81,3 +82,12 @@ def test_every_parameter_is_a_flag_of_run_with_its_help() -> None:
     for p in PARAMS.values():
         assert p.flag in res.output
         assert p.help.split(";")[0].split("(")[0].strip() in " ".join(res.output.split())
+
+
+def test_the_server_schema_names_fields_as_the_parameters() -> None:
+    """A request's sampling fields are the parameters' own names (so `given(...)` passes them through)."""
+    from specdec_cli.server.schemas import ChatRequest, Speculative
+
+    sampling = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "seed"}
+    assert sampling <= set(PARAMS) and sampling <= set(ChatRequest.model_fields)
+    assert set(Speculative.model_fields) <= set(PARAMS) | {"drafter"}

@@ -148,8 +148,7 @@ def generate_kwargs(sampling: SamplingOptions, draft: DraftOptions, fixed_k: boo
 
 
 def load(
-    models: ModelOptions, runtime: RuntimeOptions, ngram: NgramOptions, drafter: str, *, no_draft: bool = False,
-    parallel: int = 1,
+    models: ModelOptions, runtime: RuntimeOptions, ngram: NgramOptions, drafter: str, *, parallel: int = 1,
 ) -> Speculator:
     from specdec_cli import api
     from specdec_cli.render import warning
@@ -158,7 +157,7 @@ def load(
         models.target,
         models.draft,
         pair=models.pair,
-        drafter=NONE if no_draft else drafter,
+        drafter=drafter,
         n_ctx=runtime.ctx_size,
         n_threads=runtime.threads,
         n_gpu_layers=runtime.gpu_layers,

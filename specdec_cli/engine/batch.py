@@ -45,11 +45,11 @@ from specdec_cli.engine.batch_slots import END, BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import DrafterDropped, Prefill
-from specdec_cli.engine.model import Model
+from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.sampling import Dist
 from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
 from specdec_cli.engine.speculative import SpeculativeGenerator
-from specdec_cli.errors import ContextError, InternalError, SpecdecError
+from specdec_cli.errors import InternalError, SpecdecError
 
 __all__ = ["BatchEngine", "BatchJob", "SeqView"]
 
@@ -57,7 +57,7 @@ __all__ = ["BatchEngine", "BatchJob", "SeqView"]
 class BatchEngine:
     """Owns both models (opened with `n_seq` = slots) and a thread that steps every active job together."""
 
-    def __init__(self, target: Model, draft: Model | None, state: AutoState, *, ngram: tuple[int, int] = (2, 4),
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, state: AutoState, *, ngram: tuple[int, int] = (2, 4),
                  model_k_max: int | None = None, draft_costs: BatchCosts | None = None,
                  on_step: Callable[[int, int, int], None] | None = None) -> None:  # fmt: skip
         self.target = target
@@ -145,14 +145,6 @@ class BatchEngine:
 
     def _start(self, job: BatchJob, slot: Slot) -> None:
         try:
-            job.config.validate()
-            if len(job.prompt) == 0:
-                raise ContextError("the prompt is empty after tokenization")
-            if len(job.prompt) > self.target.n_ctx:
-                raise ContextError(
-                    f"the prompt is {len(job.prompt)} tokens but --ctx-size is {self.target.n_ctx}: "
-                    "raise --ctx-size or shorten the prompt"
-                )
             gen = SpeculativeGenerator(SeqView(self.target, slot.seq), None, job.prompt, job.config)
         except SpecdecError as exc:
             job._queue.put(exc)

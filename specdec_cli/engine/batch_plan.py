@@ -18,8 +18,8 @@ from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.batch_slots import BatchJob, Slot
 from specdec_cli.engine.drafters import DraftRequest, Proposal
 from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, perfect_speedup
-from specdec_cli.engine.model import Model
 from specdec_cli.engine.occupancy import Occupancy
+from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.settings import AUTO, MODEL, NGRAM, NONE
 
 WINDOW = 64  # a draft cache that fell further behind than this re-reads only the last WINDOW tokens
@@ -76,7 +76,7 @@ class Planner:
     """Each step's drafts for the batch engine (engine/batch.py, which owns it and runs the step): per
     generating slot, how many tokens and from where, priced by the passes llama.cpp's split will cost."""
 
-    def __init__(self, target: Model, draft: Model | None, state: AutoState, draft_costs: BatchCosts, *,
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, state: AutoState, draft_costs: BatchCosts, *,
                  n_slots: int, model_k_max: int | None, budget: int) -> None:  # fmt: skip
         self.target = target
         self.draft = draft

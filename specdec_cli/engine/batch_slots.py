@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdec_cli.engine.drafters import NgramDrafter, Proposal
-from specdec_cli.engine.events import Event, Result
+from specdec_cli.engine.events import Event, Transcript
 from specdec_cli.engine.gate import ShadowScore
-from specdec_cli.engine.model import Model
+from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
 
@@ -29,13 +29,13 @@ class BatchJob:
     kind: str  # AUTO, MODEL, NGRAM or NONE
     should_stop: Callable[[], bool] = lambda: False
     k_max: int = 8
-    result: Result = field(init=False)
+    result: Transcript = field(init=False)
     n_cached: int = 0  # prompt tokens the slot's cache already held
     slot: int = -1
     _queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
     def __post_init__(self) -> None:
-        self.result = Result(text="", token_ids=[], stop_reason="", n_prompt=len(self.prompt))
+        self.result = Transcript(text="", token_ids=[], stop_reason="", n_prompt=len(self.prompt))
 
     def events(self) -> Iterator[Event]:
         while True:
@@ -71,7 +71,7 @@ class Slot:
 class SeqView:
     """One sequence of a multi-sequence `Model`, as the `LanguageModel` the verifier expects."""
 
-    def __init__(self, model: Model, seq: int) -> None:
+    def __init__(self, model: LoadedModel, seq: int) -> None:
         self.model, self.seq = model, seq
         self.n_vocab, self.n_ctx = model.n_vocab, model.n_ctx
 

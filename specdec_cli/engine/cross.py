@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec_cli.engine.drafters import MODEL, DraftRequest, Outcome, Proposal, check_finite
-from specdec_cli.engine.model import Model
+from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.sampling import Dist, process
 
 LOOKBEHIND = 4  # target tokens re-tokenized with the draft's text, to align the boundary
@@ -48,8 +48,8 @@ class CrossVocab:
         return int(np.count_nonzero(self.draft_to_target >= 0))
 
     @staticmethod
-    def build(target: Model, draft: Model) -> CrossVocab:
-        def pieces(m: Model) -> dict[int, bytes]:
+    def build(target: LoadedModel, draft: LoadedModel) -> CrossVocab:
+        def pieces(m: LoadedModel) -> dict[int, bytes]:
             control = m.control_ids()
             return {i: m.token_text(i) for i in range(m.n_vocab) if i not in control}
 
@@ -83,7 +83,7 @@ class CrossDrafter:
     name: str = MODEL
     free = False
 
-    def __init__(self, target: Model, draft: Model, vocab: CrossVocab, p_min: float = 0.0,
+    def __init__(self, target: LoadedModel, draft: LoadedModel, vocab: CrossVocab, p_min: float = 0.0,
                  window: int | None = None, renormalise: bool = True) -> None:  # fmt: skip
         self.target = target
         self.model = draft

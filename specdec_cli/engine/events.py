@@ -52,7 +52,10 @@ Event = Prefill | Step | DrafterDropped
 
 
 @dataclass
-class Result:
+class Transcript:
+    """The engine's running record of one generation (mutable: the loop appends to it). The API turns it
+    into the one public result, `generation.Generation`; the server sends that inside `worker.Done`."""
+
     text: str
     token_ids: list[int]
     stop_reason: str  # "eos", "length", "context", "interrupted"

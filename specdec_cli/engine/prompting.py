@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specdec_cli.engine import specials, templates
-from specdec_cli.engine.model import Model
+from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.errors import UsageError
 
 ROLES = ("system", "user", "assistant")
@@ -37,7 +37,7 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
     return out
 
 
-def tokenize_prompt(model: Model, prompt: str, *, use_chat: bool | None, system: str | None) -> tuple[list[int], bool]:
+def tokenize_prompt(model: LoadedModel, prompt: str, *, use_chat: bool | None, system: str | None) -> tuple[list[int], bool]:
     """Tokens for the prompt, and whether the chat template was applied.
 
     use_chat None means: the template when the model has one, raw otherwise.
@@ -52,7 +52,7 @@ def tokenize_prompt(model: Model, prompt: str, *, use_chat: bool | None, system:
     return tokenize_chat(model, template, chat_messages(prompt, system)), True
 
 
-def tokenize_chat(model: Model, template: str | None, messages: Sequence[Mapping[str, str]]) -> list[int]:
+def tokenize_chat(model: LoadedModel, template: str | None, messages: Sequence[Mapping[str, str]]) -> list[int]:
     """The conversation through the chat template, ready to generate the assistant's turn.
 
     Special tokens come from the template only: control-token text inside a

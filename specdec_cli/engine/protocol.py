@@ -8,10 +8,15 @@ files. The cache is a single sequence: `tokens` lists what it holds, in order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
+from specdec_cli.engine.specials import ControlTexts
 
 
 class LanguageModel(Protocol):
@@ -56,3 +61,52 @@ class LanguageModel(Protocol):
     def prefill(self, tokens: Sequence[int]) -> None:
         """Make the cache hold exactly `tokens`, reusing the common prefix."""
         ...
+
+
+class LoadedModel(LanguageModel, Protocol):
+    """A loaded model as the API, the batch engine and calibration use it: the loop's protocol plus
+    its vocabulary, its metadata and several sequences (`seq`). `engine.model.Model` is the real one;
+    tests/fakes.py's `FakeGGUF` runs the whole stack (API, CLI, server) in seconds, injected through
+    `models.loading.OPENER`."""
+
+    path: Path
+    n_seq: int
+    n_batch: int
+    seq_tokens: list[list[int]]
+    warnings: list[str]
+
+    def info(self) -> ModelInfo: ...
+
+    def vocab_info(self) -> VocabInfo: ...
+
+    def special_texts(self) -> SpecialTexts: ...
+
+    def control_ids(self) -> frozenset[int]: ...
+
+    def control_texts(self) -> ControlTexts: ...
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray: ...
+
+    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """Parts of several sequences in one batch: (seq, tokens, n_logits, tail); see `Model.decode_many`."""
+        ...
+
+    def rollback(self, n_keep: int, seq: int = 0) -> None: ...
+
+    def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int: ...
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ModelOpener(Protocol):
+    """How models are opened (`Model`'s constructor; a fake in tests)."""
+
+    def __call__(self, path: str | os.PathLike[str], *, n_ctx: int = ..., n_threads: int | None = ...,
+                 n_gpu_layers: int = ..., vocab_only: bool = ..., n_seq: int = ...,
+                 unified: bool = ...) -> LoadedModel: ...  # fmt: skip

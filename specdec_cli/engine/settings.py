@@ -76,7 +76,7 @@ class Param:
     name: str  # the API keyword, the server's field, the JSON key
     flag: str  # the command line's option
     help: str
-    rule: str  # completes "NAME must be ..."; may use {o} (the options being checked)
+    rule: str | Callable[[Any], str]  # completes "NAME must be ..."; or made from the options being checked
     ok: Callable[[Any, Any], bool]  # (value, options) -> valid?
     hint: str = ""
     settable: bool = True  # chat's /set may change it
@@ -105,8 +105,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
           f"Most tokens drafted per step (default: the pair's, else {DEFAULT_K[MODEL]}; ngram and auto "
           f"{DEFAULT_K[NGRAM]}).", f"from 1 to {MAX_DRAFT}", lambda v, o: v is None or 1 <= v <= MAX_DRAFT,
           hint="drafter none runs the target alone"),
-    Param("draft_min", "--draft-min", "Fewest tokens the adaptive schedule drafts.", "in [1, draft_max={o.k_max}]",
-          lambda v, o: 1 <= v <= o.k_max, settable=False),
+    Param("draft_min", "--draft-min", "Fewest tokens the adaptive schedule drafts.",
+          lambda o: ">= 1" if o.draft_max is None else f"in [1, draft_max={o.draft_max}]",
+          lambda v, o: 1 <= v and (o.draft_max is None or v <= o.draft_max), settable=False),
     Param("draft_p_min", "--draft-p-min",
           "Draft model: stop a draft where its top token's probability is below this (0 = off).", "in [0, 1)",
           lambda v, o: 0.0 <= v < 1.0, settable=False),
@@ -189,7 +190,7 @@ class GenerateOptions:
         for p in PARAMS.values():
             value = getattr(self, p.name)
             if not p.ok(value, self):
-                raise InvalidSetting(p.name, value, p.rule.format(o=self), p.hint)
+                raise InvalidSetting(p.name, value, p.rule(self) if callable(p.rule) else p.rule, p.hint)
         if self.drafter is not None:
             check_drafter(self.drafter)
         return self

@@ -33,7 +33,7 @@ from functools import partial
 import numpy as np
 
 from specdec_cli.engine.drafters import Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
-from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Result, Step
+from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
 from specdec_cli.engine.protocol import LanguageModel
 from specdec_cli.engine.sampling import Dist, SamplerSettings, process, rows_finite, verify_greedy, verify_sampled
 from specdec_cli.engine.settings import GenerateOptions
@@ -56,13 +56,7 @@ class SpeculativeGenerator:
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
         config.validate()
-        if len(prompt) == 0:
-            raise ContextError("the prompt is empty after tokenization")
-        if len(prompt) > target.n_ctx:
-            raise ContextError(
-                f"the prompt is {len(prompt)} tokens but --ctx-size is {target.n_ctx}: "
-                "raise --ctx-size or shorten the prompt"
-            )
+        check_prompt(len(prompt), target.n_ctx)
         self.target = target
         self.drafter = drafter
         self.prompt = list(prompt)
@@ -71,7 +65,7 @@ class SpeculativeGenerator:
         self.eog = target.eog_ids
         self._should_stop = should_stop
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.result = Result(text="", token_ids=[], stop_reason="", n_prompt=len(prompt))
+        self.result = Transcript(text="", token_ids=[], stop_reason="", n_prompt=len(prompt))
 
     # -------------------------------------------------------------- helpers
     def _emit(self, tokens: Sequence[int], sources: Sequence[str]) -> tuple[list[EmittedToken], str | None]:
@@ -214,12 +208,28 @@ class SpeculativeGenerator:
         return step, n_acc
 
 
+def prompt_fits(n_prompt: int, n_ctx: int) -> bool:
+    """A prompt fits when it leaves the context room for at least one generated token."""
+    return 0 < n_prompt < n_ctx
+
+
+def check_prompt(n_prompt: int, n_ctx: int) -> None:
+    """The one check of a prompt's length (the CLI, the API, chat and the server all reach it here)."""
+    if n_prompt == 0:
+        raise ContextError("the prompt is empty after tokenization")
+    if not prompt_fits(n_prompt, n_ctx):
+        raise ContextError(
+            f"the prompt is {n_prompt} tokens and the context holds {n_ctx} (--ctx-size), with room needed for "
+            "the reply: shorten the prompt or raise the context size"
+        )
+
+
 def generate(
     target: LanguageModel,
     drafter: Drafter | None,
     prompt: Sequence[int],
     config: GenerateOptions,
-) -> Result:
+) -> Transcript:
     """Run to completion without looking at the events (tests and benchmarks)."""
     gen = SpeculativeGenerator(target, drafter, prompt, config)
     for _ in gen.events():

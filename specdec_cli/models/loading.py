@@ -12,6 +12,7 @@ from pathlib import Path
 from specdec_cli import pairs
 from specdec_cli.engine.gguf import check_gguf_file
 from specdec_cli.engine.model import Model
+from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.settings import MODEL, NGRAM, NONE
 from specdec_cli.errors import ConfigError, IncompatiblePairError, UsageError
 from specdec_cli.models import registry
@@ -67,12 +68,25 @@ def choose_models(
     return ModelChoice(t, registry.resolve(entry.draft, entry.name, "draft"), entry.name, entry.draft_max)
 
 
-def check_pair(target: Path, draft: Path) -> pairs.Verdict:
+# How every model file is opened: llama.cpp's `Model`. The one seam for a fake (tests/fakes.py's
+# `FakeGGUF`), so that the API, the CLI and the server can be tested without real weights.
+OPENER: ModelOpener = Model
+
+
+def check_pair(target: Path, draft: Path, opener: ModelOpener | None = None) -> pairs.Verdict:
     """Compare vocabularies only (fast): refuse an incompatible pair before loading weights."""
-    with Model(target, vocab_only=True) as t, Model(draft, vocab_only=True) as d:
-        verdict = pairs.check(t.vocab_info(), d.vocab_info())
-        if not verdict.ok:
-            verdict = pairs.cross_check(t, d, verdict)
+    open_model = opener or OPENER
+    t = open_model(target, vocab_only=True)
+    try:
+        d = open_model(draft, vocab_only=True)
+        try:
+            verdict = pairs.check(t.vocab_info(), d.vocab_info())
+            if not verdict.ok:
+                verdict = pairs.cross_check(t, d, verdict)
+        finally:
+            d.close()
+    finally:
+        t.close()
     if not verdict.ok:
         first = verdict.first_difference()
         detail = f"; the first differing token is {first}" if first else ""
@@ -84,21 +98,24 @@ def check_pair(target: Path, draft: Path) -> pairs.Verdict:
 
 
 def load_pair(
-    choice: ModelChoice, *, n_ctx: int, n_threads: int | None, gpu_layers: int, draft_gpu_layers: int, n_seq: int = 1
-) -> tuple[Model, Model | None, bool]:
+    choice: ModelChoice, *, n_ctx: int, n_threads: int | None, gpu_layers: int, draft_gpu_layers: int, n_seq: int = 1,
+    opener: ModelOpener | None = None,
+) -> tuple[LoadedModel, LoadedModel | None, bool]:
     """Both models, or neither: a draft that fails to load frees the target.
 
-    The flag says whether the draft has a different tokenizer (it drafts across them).
+    The flag says whether the draft has a different tokenizer (it drafts across them). `opener`
+    opens the files (default: `OPENER`, llama.cpp).
     """
+    open_model = opener or OPENER
     cross = False
     if choice.draft is not None and choice.draft.resolve() != choice.target.resolve():
-        cross = check_pair(choice.target, choice.draft).verdict == pairs.CROSS
-    target = Model(choice.target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=gpu_layers, n_seq=n_seq)
+        cross = check_pair(choice.target, choice.draft, open_model).verdict == pairs.CROSS
+    target = open_model(choice.target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=gpu_layers, n_seq=n_seq)
     try:
         draft = None
         if choice.draft is not None:
             # drafting across tokenizers is per request (engine/cross.py): a parallel draft is one stream
-            draft = Model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
+            draft = open_model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
                           n_seq=1 if cross else n_seq, unified=n_seq > 1)  # fmt: skip
     except BaseException:
         target.close()

@@ -33,7 +33,7 @@ from specdec_cli.engine.settings import MODEL, InvalidSetting
 from specdec_cli.errors import SpecdecError
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
-from specdec_cli.server.worker import Delta, Failed, Final, Job, QueueFull, Worker, describe
+from specdec_cli.server.worker import Delta, Done, Failed, Job, QueueFull, Worker, describe
 
 MAX_BODY_BYTES = 4 * 2**20
 RETRY_AFTER_SECONDS = 5
@@ -145,8 +145,9 @@ class Server:
     def _options(self, body: ChatRequest | CompletionRequest) -> GenerateOptions:
         """The request's parameters over the server's defaults, checked by `GenerateOptions.validate`."""
         spec = body.speculative
+        newer = getattr(body, "max_completion_tokens", None)  # chat's newer name for max_tokens
         options = self.settings.defaults.given(
-            max_tokens=getattr(body, "max_completion_tokens", None) or body.max_tokens,
+            max_tokens=newer if newer is not None else body.max_tokens,
             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
             draft_max=spec.draft_max if spec is not None else None, drafter=spec.drafter if spec is not None else None,
         )  # fmt: skip
@@ -190,9 +191,9 @@ class Server:
         t0 = time.perf_counter()
         options = self._options(body)
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Delta | Final | Failed] = asyncio.Queue()
+        events: asyncio.Queue[Delta | Done | Failed] = asyncio.Queue()
 
-        def emit(ev: Delta | Final | Failed) -> None:  # from the worker thread
+        def emit(ev: Delta | Done | Failed) -> None:  # from the worker thread
             try:
                 loop.call_soon_threadsafe(events.put_nowait, ev)
             except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
@@ -224,12 +225,12 @@ class Server:
                                        shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
         ev = first
         try:
-            while not isinstance(ev, Final):
+            while not isinstance(ev, Done):
                 if isinstance(ev, Failed):
                     raise _api_error(ev.error)
                 ev = await self._next(request, job, events)
         finally:
-            job.cancel.set()  # a no-op after Final; stops the generation when this task is cancelled
+            job.cancel.set()  # a no-op after Done; stops the generation when this task is cancelled
         self.metrics.latency.observe(time.perf_counter() - t0)
         self._count(ev)
         choice: dict[str, Any] = {"index": 0, "finish_reason": ev.finish_reason, "logprobs": None}
@@ -240,7 +241,7 @@ class Server:
         return JSONResponse({"id": ident, "object": kind, "created": created, "model": self.settings.model_id,
                              "choices": [choice], **self._usage(ev)})  # fmt: skip
 
-    async def _next(self, request: Request, job: Job, events: asyncio.Queue[Delta | Final | Failed]) -> Any:
+    async def _next(self, request: Request, job: Job, events: asyncio.Queue[Delta | Done | Failed]) -> Any:
         """The job's next event; a client that disconnects cancels the job."""
         while True:
             try:
@@ -250,7 +251,7 @@ class Server:
                     job.cancel.set()
                     raise ApiError(499, "client closed the request") from None
 
-    async def _stream(self, job: Job, events: asyncio.Queue[Delta | Final | Failed], first: Any, ident: str,
+    async def _stream(self, job: Job, events: asyncio.Queue[Delta | Done | Failed], first: Any, ident: str,
                       kind: str, created: int, chat: bool, include_usage: bool, t0: float,
                       shutdown: anyio.Event) -> AsyncIterator[str]:  # fmt: skip
         def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
@@ -273,7 +274,7 @@ class Server:
             if chat:
                 yield chunk(None, None, role=True)
             ev = first
-            while not isinstance(ev, Final):
+            while not isinstance(ev, Done):
                 if isinstance(ev, Failed):  # after the first byte: end the stream with an error object
                     yield json.dumps({"error": {"message": str(ev.error), "type": "server_error", "param": None,
                                                 "code": None}})  # fmt: skip
@@ -290,9 +291,9 @@ class Server:
             self.metrics.latency.observe(time.perf_counter() - t0)
         finally:
             watcher.cancel()
-            job.cancel.set()  # a no-op after Final; stops the generation when the client went away
+            job.cancel.set()  # a no-op after Done; stops the generation when the client went away
 
-    def _usage(self, ev: Final) -> dict[str, Any]:
+    def _usage(self, ev: Done) -> dict[str, Any]:
         g, s = ev.generation, ev.generation.stats
         usage = {"prompt_tokens": g.n_prompt_tokens, "completion_tokens": ev.completion_tokens,
                  "total_tokens": g.n_prompt_tokens + ev.completion_tokens,
@@ -309,7 +310,7 @@ class Server:
         }
         return {"usage": usage, "speculative": describe(ev), "timings": timings}
 
-    def _count(self, ev: Final) -> None:
+    def _count(self, ev: Done) -> None:
         self.metrics.generated.inc(ev.completion_tokens)
         self.metrics.prompt.inc(ev.generation.n_prompt_tokens)
 

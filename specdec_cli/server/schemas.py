@@ -35,15 +35,16 @@ class StreamOptions(_Body):
 
 
 class Speculative(_Body):
-    """specdec's extension: how to speculate for this request."""
+    """specdec's extension: how to speculate for this request. Ranges are checked once, by
+    `GenerateOptions.validate` (engine/settings.py), as for every front end; types are checked here."""
 
-    draft_max: int | None = Field(default=None, ge=1, le=64)
+    draft_max: int | None = None
     drafter: DrafterKind | None = Field(default=None, strict=False)  # its value, as JSON carries it
 
 
 class _Common(_Body):
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None  # extension (llama.cpp's)
@@ -63,7 +64,7 @@ class _Common(_Body):
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]

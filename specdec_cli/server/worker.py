@@ -23,7 +23,7 @@ from typing import Any
 from specdec_cli.api import GenerateOptions, Generation, Prompt, Speculator
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.stats import Stats
-from specdec_cli.errors import ContextError, InternalError, SpecdecError
+from specdec_cli.errors import InternalError, SpecdecError
 from specdec_cli.server.stops import StopMatcher
 
 
@@ -37,7 +37,10 @@ class Delta:
 
 
 @dataclass(frozen=True)
-class Final:
+class Done:
+    """The last update of a request: its `Generation`, and what the client is told of it (the text up to a
+    stop sequence, OpenAI's finish reason, the tokens it was charged)."""
+
     generation: Generation
     stats: Stats
     text: str
@@ -51,7 +54,7 @@ class Failed:
     error: SpecdecError
 
 
-Event = Delta | Final | Failed
+Update = Delta | Done | Failed  # what the worker sends a request, in order
 
 
 @dataclass(eq=False)
@@ -59,7 +62,7 @@ class Job:
     prompt: Prompt
     options: GenerateOptions
     stops: list[str]
-    emit: Callable[[Event], None]
+    emit: Callable[[Update], None]
     chat: bool = True
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
@@ -122,10 +125,6 @@ class Worker:
     def _serve(self, job: Job) -> None:
         spec = self.spec
         tokens = spec.tokenize(job.prompt, system=None, chat=None if job.chat else False)
-        if len(tokens.ids) >= spec.n_ctx:
-            raise ContextError(
-                f"the prompt is {len(tokens.ids)} tokens; this server's context is {spec.n_ctx} tokens"
-            )
         run = spec.start(tokens, job.options, cancel=job.cancel)
         stops = StopMatcher(job.stops)
         n_tokens = 0  # completion tokens up to the one that completed a stop string
@@ -148,11 +147,11 @@ class Worker:
         if rest:
             job.emit(Delta(rest))
         finish = "stop" if stops.stopped or gen.stop_reason == "eos" else "length"
-        job.emit(Final(gen, run.stats, stops.released, finish, n_tokens if stops.stopped else len(gen.token_ids),
+        job.emit(Done(gen, run.stats, stops.released, finish, n_tokens if stops.stopped else len(gen.token_ids),
                        run.n_cached))  # fmt: skip
 
 
-def describe(final: Final) -> dict[str, Any]:
+def describe(final: Done) -> dict[str, Any]:
     """The `speculative` block of a response."""
     s = final.generation.stats
     return {

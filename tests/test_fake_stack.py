@@ -1,0 +1,222 @@
+"""The API, the CLI and the server on the fake model (tests/fakes.py's `FakeGGUF`), in seconds.
+
+The same guarantees the real-model tests check, at every layer: greedy output identical to the
+target alone for every drafter, one at a time and four at once; stats that add up; the server's
+request shapes and errors through httpx's ASGI transport with the real `openai` client. The files
+are the packaged models' (checked as GGUF files); their weights are never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli import api
+from specdec_cli.cli import app
+from specdec_cli.engine.settings import GenerateOptions
+from specdec_cli.models import loading
+from specdec_cli.server.app import Server, ServerSettings
+from tests.fakes import FakeGGUF, open_fake
+
+DRAFTERS = ["auto", "model", "ngram", "none"]
+PROMPTS = ["Name three rivers.", "Write a line about the sea.", "Say hello.", "Count to five."]
+
+
+@pytest.fixture(autouse=True)
+def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model file this test opens is a fake; calibration (timings cached per file) stays off."""
+    monkeypatch.setattr(loading, "OPENER", open_fake)
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+
+
+@pytest.fixture(scope="module")
+def spec() -> Iterator[api.Speculator]:
+    with api.load(open_model=open_fake, n_ctx=1024) as s:
+        yield s
+
+
+def reference(spec: api.Speculator, prompt: str, max_tokens: int) -> list[int]:
+    """The target alone, one token per decode, straight from the fake's logits."""
+    target = spec.target
+    assert isinstance(target, FakeGGUF)
+    context = list(spec.tokenize(prompt).ids)
+    out: list[int] = []
+    while len(out) < max_tokens:
+        tok = int(np.argmax(target.logits_after(context)))
+        if tok in target.eog_ids:
+            break
+        out.append(tok)
+        context.append(tok)
+    return out
+
+
+# ------------------------------------------------------------------ the API
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_api_greedy_is_the_target_alone(spec: api.Speculator, drafter: str) -> None:
+    assert spec.draft is not None and isinstance(spec.draft, FakeGGUF)
+    for prompt in PROMPTS:
+        g = spec.generate(prompt, max_tokens=48, drafter=drafter)
+        assert list(g.token_ids) == reference(spec, prompt, 48), (drafter, prompt)
+        s = g.stats
+        assert 0 <= s.emitted_from_draft <= s.accepted <= s.drafted
+        assert s.emitted_from_draft + s.emitted_from_target == len(g.token_ids)
+
+
+def test_api_stream_joins_to_the_generation(spec: api.Speculator) -> None:
+    chunks = list(spec.stream(PROMPTS[0], max_tokens=40))
+    final = chunks[-1].generation
+    assert final is not None
+    assert "".join(c.text for c in chunks) == final.text
+    assert [t for c in chunks for t in c.token_ids] == list(final.token_ids)
+
+
+def test_a_drafter_that_is_tried_drafts_and_is_sometimes_right(spec: api.Speculator) -> None:
+    """The fake pair is a real pair for speculation: the draft agrees with the target often, not always."""
+    g = spec.generate(PROMPTS[1], max_tokens=64, drafter="model", draft_max=4, adaptive=False)
+    assert 0 < g.stats.accepted < g.stats.drafted
+
+
+def test_concurrent_requests_match_their_solo_runs(spec: api.Speculator) -> None:
+    solo = {(p, d): list(spec.generate(p, max_tokens=40, drafter=d).token_ids) for p in PROMPTS for d in DRAFTERS}
+    assert len({tuple(solo[p, "none"]) for p in PROMPTS}) == len(PROMPTS)  # a mix-up of slots would show
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=4) as par:
+        for d in DRAFTERS:
+            assert at_once(par, d) == {p: solo[p, d] for p in PROMPTS}, d
+
+
+def at_once(par: api.Speculator, drafter: str) -> dict[str, list[int]]:
+    """Every prompt from its own thread at the same time: the generations share each step's batch."""
+    out: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def one(prompt: str) -> None:
+        try:
+            out[prompt] = list(par.generate(prompt, max_tokens=40, drafter=drafter).token_ids)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return out
+
+
+# ------------------------------------------------------------------ the CLI
+def test_cli_run_json_is_the_api_and_adds_up(spec: api.Speculator) -> None:
+    res = CliRunner().invoke(app, ["run", PROMPTS[0], "-n", "48", "--json", "--ctx-size", "1024"])
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["token_ids"] == reference(spec, PROMPTS[0], 48)
+    s = data["stats"]
+    assert s["emitted_from_draft"] <= s["accepted"] <= s["drafted"]
+    assert s["emitted_from_draft"] + s["emitted_from_target"] == len(data["token_ids"])
+    assert data["settings"]["temperature"] == 0.0 and data["settings"]["drafter"] == "auto"
+
+
+def test_cli_no_draft_and_drafters_agree() -> None:
+    texts = set()
+    for args in (["--no-draft"], ["--drafter", "model"], ["--drafter", "ngram"]):
+        res = CliRunner().invoke(app, ["run", PROMPTS[2], "-n", "32", "--json", "--ctx-size", "1024", *args])
+        assert res.exit_code == 0, res.stderr
+        texts.add(json.loads(res.stdout)["text"])
+    assert len(texts) == 1
+
+
+# ------------------------------------------------------------------ the server, in-process
+def serve(spec: api.Speculator, coro: Any, **settings: Any) -> Any:
+    """Run `coro(client)` against the server's ASGI app (httpx's transport: no socket, no thread of ours)."""
+    server = Server(spec, ServerSettings("fake-pair", GenerateOptions(max_tokens=32), **settings))
+
+    async def main() -> Any:
+        transport = httpx.ASGITransport(app=server.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://specdec.test", timeout=30) as http:
+            return await coro(http)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        server.worker.stop()
+
+
+def test_server_chat_greedy_is_the_api_through_the_openai_client(spec: api.Speculator) -> None:
+    async def go(http: httpx.AsyncClient) -> tuple[Any, str]:
+        client = openai.AsyncOpenAI(base_url="http://specdec.test/v1", api_key="unused", http_client=http, max_retries=0)
+        r = await client.chat.completions.create(model="fake-pair", messages=[{"role": "user", "content": PROMPTS[0]}],
+                                                 max_tokens=32, temperature=0)  # fmt: skip
+        stream = await client.chat.completions.create(model="fake-pair", max_tokens=32, temperature=0, stream=True,
+                                                      messages=[{"role": "user", "content": PROMPTS[0]}])  # fmt: skip
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        return r, text
+
+    r, streamed = serve(spec, go)
+    expected = spec.generate([{"role": "user", "content": PROMPTS[0]}], max_tokens=32).text
+    assert r.choices[0].message.content == expected == streamed
+    assert r.usage.completion_tokens == len(reference(spec, PROMPTS[0], 32))
+
+
+MSG = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param", "needle"),
+    [
+        (b"{not json", 400, "invalid_json", None, "not valid JSON"),
+        (b"[1, 2]", 400, "invalid_json", None, "JSON object"),
+        ({"messages": MSG, "max_tokens": "ten"}, 400, "invalid_value", "max_tokens", "max_tokens"),
+        ({"messages": "Hi"}, 400, "invalid_value", "messages", "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_value", None, "role"),
+        ({"messages": []}, 400, "invalid_value", "messages", "messages"),
+        ({"messages": MSG, "model": "gpt-9"}, 404, "model_not_found", "model", "gpt-9"),
+        ({"messages": MSG, "n": 2}, 400, None, "n", "n must be 1"),
+        ({"messages": MSG, "temperature": -1}, 400, "invalid_value", "temperature",
+         "temperature must be a finite number >= 0"),
+        ({"messages": MSG, "top_p": 2}, 400, "invalid_value", "top_p", "top_p must be in (0, 1], got 2.0"),
+        ({"messages": MSG, "max_tokens": 0}, 400, "invalid_value", "max_tokens", "max_tokens must be >= 1, got 0"),
+        ({"messages": MSG, "max_completion_tokens": 0}, 400, "invalid_value", "max_tokens", "max_tokens must be >= 1"),
+        ({"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, 400, None, "stop", "at most 4"),
+        ({"messages": MSG, "speculative": {"draft_max": 1000}}, 400, "invalid_value", "speculative.draft_max",
+         "speculative.draft_max must be from 1 to 64, got 1000"),
+        ({"messages": MSG, "speculative": {"draft_max": "4"}}, 400, "invalid_value", "speculative.draft_max", "integer"),
+        ({"messages": MSG, "speculative": {"drafter": "nope"}}, 400, "invalid_value", "speculative.drafter",
+         "'ngram' or 'none'"),
+        ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded", "messages",
+         "context"),
+    ],
+)  # fmt: skip
+def test_bad_requests_get_openai_errors(spec: api.Speculator, body: Any, status: int, code: str | None,
+                                        param: str | None, needle: str) -> None:  # fmt: skip
+    async def go(http: httpx.AsyncClient) -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return await http.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+
+    resp = serve(spec, go)
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and needle in err["message"], err
+    assert code is None or err["code"] == code, err
+    assert param is None or err["param"] == param, err
+
+
+def test_a_parameter_error_names_the_request_field() -> None:
+    """draft_max lives under `speculative` in a request: the error says so (settings.py's message, renamed)."""
+    with api.load(open_model=open_fake, n_ctx=256, drafter="ngram") as s:
+        async def go(http: httpx.AsyncClient) -> httpx.Response:
+            return await http.post("/v1/chat/completions", json={"messages": MSG, "speculative": {"drafter": "model"}})
+
+        resp = serve(s, go)
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["param"] == "speculative.drafter"
+    assert err["message"].startswith("speculative.drafter must be auto, ngram or none: this server has no draft model")
