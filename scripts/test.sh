@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite, lint and type checks.
+# Set up (scripts/setup.sh) and run lint, type checks and the whole test suite (what CI runs).
+#   bash scripts/test.sh          everything: under 15 minutes on 2 cores
+#   bash scripts/test.sh --fast   the same checks on the tests not marked slow (the maths, the fake model through
+#                                 the API, CLI and server, errors): under 2 minutes; run it after every change
+# Other arguments go to pytest (`bash scripts/test.sh tests/test_settings.py -x`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 VENV=${SPECDEC_VENV:-.venv}
+select=()
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    select=(-m "not slow")
+fi
 "$VENV/bin/ruff" check specdec_cli tests benchmarks
 "$VENV/bin/mypy"
-"$VENV/bin/python" -m pytest -ra --durations=15 "$@"  # the slowest tests: the suite must stay under 15 minutes
+"$VENV/bin/python" -m pytest -ra --durations=15 "${select[@]}" "$@"  # the slowest tests: the suite must stay under 15 minutes
