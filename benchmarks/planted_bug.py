@@ -60,7 +60,7 @@ def report(*runs: tuple[str, list[distribution.ChiSquare]]) -> int:
 
 def cross(samples: int) -> int:
     """Token-level intersection (Gemma target, SmolLM2 draft); the planted bug: q' not renormalised."""
-    from specdec_cli.engine.cross import CrossDrafter, CrossVocab
+    from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
 
     target = Model(packaged.gemma3_path(), n_ctx=512, n_threads=2)
     draft = Model(packaged.smollm2_path(), n_ctx=512, n_threads=2)

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from specdec_cli.engine import native, prompting
-from specdec_cli.engine.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.batch import BatchEngine, BatchJob
-from specdec_cli.engine.cross import CrossDrafter, CrossVocab
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
+from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
+from specdec_cli.engine.drafters.policies import compose
 from specdec_cli.engine.events import DRAFT, Step
-from specdec_cli.engine.policies import compose
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.settings import (
     AUTO,
@@ -72,7 +72,7 @@ class Speculator:
         parallel: int = 1,
     ) -> None:
         self.choice = choice
-        self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch.py)
+        self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch/)
         self._engine: BatchEngine | None = None
         self._engine_lock = threading.Lock()
         self.target = target
@@ -83,7 +83,7 @@ class Speculator:
         self.draft_broken: str | None = None  # set when the draft model produced non-finite logits
         self.warnings: list[str] = []  # about how it was loaded (threads capped, context past training length)
         self.notes: list[str] = []  # for the user, once (drafting across tokenizers)
-        self.cross = cross  # the draft has a different tokenizer (engine/cross.py)
+        self.cross = cross  # the draft has a different tokenizer (engine/drafters/cross.py)
         self._cross_vocab: CrossVocab | None = None
         self._auto: AutoState | None = None  # what the auto drafter learned, kept across generations
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
@@ -307,7 +307,7 @@ def load(
 
     `parallel` > 1 gives each model that many sequences of `n_ctx` tokens, and
     `start`/`generate`/`stream` may then be called from as many threads at once:
-    their generations share each step's target batch (engine/batch.py), each one
+    their generations share each step's target batch (engine/batch/), each one
     token-for-token what it would be alone (greedy; sampling keeps the target's
     distribution, and a seeded sampled generation is decoded without drafts).
 

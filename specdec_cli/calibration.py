@@ -18,8 +18,8 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specdec_cli.engine.auto import AutoState
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
+from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.native import usable_cores
 from specdec_cli.engine.protocol import LoadedModel

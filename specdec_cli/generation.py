@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec_cli.engine.batch_slots import BatchJob
+from specdec_cli.engine.batch.slots import BatchJob
 from specdec_cli.engine.events import DrafterDropped, Event, Step
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import RunStats, Stats

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec_cli.engine.auto import RETRY_SHARE, AutoDrafter, AutoState
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.engine.drafters.auto import RETRY_SHARE, AutoDrafter, AutoState
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, best_length, perfect_speedup
 from specdec_cli.engine.events import DrafterDropped
 from specdec_cli.engine.settings import GenerateOptions

@@ -1,4 +1,4 @@
-"""Continuous batching (engine/batch.py): several generations in one target batch per step, each exact."""
+"""Continuous batching (engine/batch/): several generations in one target batch per step, each exact."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from specdec_cli import api
-from specdec_cli.engine.batch_plan import filled, ubatch_sizes
+from specdec_cli.engine.batch.occupancy import Occupancy
+from specdec_cli.engine.batch.plan import filled, ubatch_sizes
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
-from specdec_cli.engine.occupancy import Occupancy
 from tests.conftest import THREADS
 from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, reference
 

@@ -1,4 +1,4 @@
-"""Drafts with a different tokenizer (engine/cross.py): Gemma-3-270M target, SmolLM2-135M draft.
+"""Drafts with a different tokenizer (engine/drafters/cross.py): Gemma-3-270M target, SmolLM2-135M draft.
 
 Greedy: the output is the target's alone, token for token, on prompts where the two
 tokenizers split text differently, for K in {1, 3, 6}, and on a same-vocabulary pair
@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from specdec_cli import pairs
 from specdec_cli.cli import app
-from specdec_cli.engine.cross import CrossDrafter, CrossVocab, complete_utf8
 from specdec_cli.engine.drafters import DraftRequest
+from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab, complete_utf8
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from specdec_cli.engine.auto import AutoDrafter, AutoState
 from specdec_cli.engine.drafters import DraftRequest, ModelDrafter, NgramDrafter, Proposal
+from specdec_cli.engine.drafters.auto import AutoDrafter, AutoState
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
 from tests import distribution

@@ -12,9 +12,9 @@ import pytest
 from specdec_cli.bench import prompts as bench_prompts
 from specdec_cli.engine import prompting
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.engine.drafters.policies import compose
 from specdec_cli.engine.events import DRAFT, TARGET
 from specdec_cli.engine.model import Model
-from specdec_cli.engine.policies import compose
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.engine.stats import Stats

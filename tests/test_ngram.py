@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_cli.engine.drafters import DraftRequest, NgramDrafter, Outcome, Proposal
-from specdec_cli.engine.policies import AdaptiveLength
+from specdec_cli.engine.drafters.policies import AdaptiveLength
 from specdec_cli.engine.sampling import SamplerSettings
 
 GREEDY = SamplerSettings()
@@ -153,7 +153,7 @@ def test_draft_length_schedule() -> None:
 
 
 def test_cost_gate_verifies_only_what_pays() -> None:
-    from specdec_cli.engine.gate import CostGate
+    from specdec_cli.engine.drafters.gate import CostGate
 
     g = CostGate()
     assert g.choose(4) > 0  # optimistic prior: drafting gets tried
@@ -179,7 +179,7 @@ def test_cost_gate_verifies_only_what_pays() -> None:
 
 
 def test_cost_gate_waits_for_unknown_tokens() -> None:
-    from specdec_cli.engine.gate import CostGate
+    from specdec_cli.engine.drafters.gate import CostGate
 
     g = CostGate()
     g.propose(2, [5, 6, 7])

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specdec_cli.engine.drafters import Drafter, DraftRequest, ModelDrafter, NgramDrafter, Outcome, Proposal
-from specdec_cli.engine.policies import compose
+from specdec_cli.engine.drafters.policies import compose
 from specdec_cli.engine.settings import GenerateOptions, SamplerSettings
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import Stats

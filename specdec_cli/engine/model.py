@@ -38,7 +38,7 @@ class Model:
     """One GGUF model and (unless `vocab_only`) one llama.cpp context for it.
 
     With `n_seq` = 1 the cache is a single sequence and `tokens` lists what it
-    holds, in order. With `n_seq` > 1 (continuous batching, engine/batch.py) the
+    holds, in order. With `n_seq` > 1 (continuous batching, engine/batch/) the
     context holds `n_seq` sequences of `n_ctx` tokens each, every one in its own
     KV stream (llama.cpp's non-unified cache) unless `unified`, so a sequence's
     cells sit where they would if it ran alone and its logits are bit-identical

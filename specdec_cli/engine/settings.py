@@ -24,7 +24,7 @@ class DrafterKind(enum.StrEnum):
     """Who drafts, named once for the CLI (`--drafter`), the API, the server (`speculative.drafter`) and
     the stats (a StrEnum equals its value: flags, requests and JSON carry the plain strings). NONE runs
     the target alone; AUTO chooses between the others and a plain decode every step from measured
-    costs (engine/auto.py)."""
+    costs (engine/drafters/auto.py)."""
 
     AUTO = "auto"
     MODEL = "model"

@@ -16,7 +16,7 @@ out of a verification pass. A step:
 
 k is capped so that no step can emit past `max_tokens` or run out of context,
 and stop tokens end generation even inside an accepted run. How many tokens
-the drafter proposes within that cap is its own policy (drafters.py). An empty
+the drafter proposes within that cap is its own policy (engine/drafters/). An empty
 proposal makes the step a plain one-token decode.
 
 The loop needs only the `LanguageModel` protocol of the target, so it runs on
@@ -166,7 +166,7 @@ class SpeculativeGenerator:
         keep the accepted prefix plus the target's token, roll the target back past it, extend
         `context`, and record the Step. Returns it and the number of drafts accepted. `times` are
         (the step's start, draft, target and sampling seconds so far). The batch engine
-        (engine/batch.py) verifies each of its sequences through this too."""
+        (engine/batch/) verifies each of its sequences through this too."""
         t_step, t_draft, t_target, t_sample = times
         target, drafted = self.target, proposal.tokens
         n_cached = len(context) - 1

@@ -114,7 +114,7 @@ def load_pair(
     try:
         draft = None
         if choice.draft is not None:
-            # drafting across tokenizers is per request (engine/cross.py): a parallel draft is one stream
+            # drafting across tokenizers is per request (engine/drafters/cross.py): a parallel draft is one stream
             draft = open_model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
                           n_seq=1 if cross else n_seq, unified=n_seq > 1)  # fmt: skip
     except BaseException:

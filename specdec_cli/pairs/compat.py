@@ -29,7 +29,7 @@ VOCAB_TYPES = {0: "none", 1: "SPM", 2: "BPE", 3: "WPM", 4: "UGM", 5: "RWKV", 6: 
 
 @dataclass(frozen=True)
 class CrossFacts:
-    """What drafting across tokenizers has to work with (engine/cross.py)."""
+    """What drafting across tokenizers has to work with (engine/drafters/cross.py)."""
 
     intersection: int  # draft tokens whose text is exactly one target token
     draft_vocab: int
@@ -100,7 +100,7 @@ def cross_check(target: Any, draft: Any, same: Verdict) -> Verdict:
 
     `target`/`draft` are engine Models (vocabulary-only is enough).
     """
-    from specdec_cli.engine.cross import CrossVocab
+    from specdec_cli.engine.drafters.cross import CrossVocab
 
     vocab = CrossVocab.build(target, draft)
     if vocab.size < MIN_INTERSECTION:

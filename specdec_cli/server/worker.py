@@ -6,7 +6,7 @@ prompt too long for the context is an error before any byte is streamed),
 generates through `Speculator.start` and hands events to the request's asyncio
 side through `emit`, which must be thread-safe. With `--parallel N` there are N
 worker threads and the Speculator's batch engine steps their generations together
-(engine/batch.py); with 1, one generation runs at a time. A job's `cancel` event
+(engine/batch/); with 1, one generation runs at a time. A job's `cancel` event
 (the client went away, a stop string matched, shutdown) stops its generation at
 the next step, with both caches consistent for the next job.
 """

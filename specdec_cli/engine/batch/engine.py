@@ -9,7 +9,7 @@ target and the draft each hold `n_slots` sequences (one KV stream each: see
    contiguous where one does);
 2. plan: for every generating slot, how many tokens to draft and from where
    (the n-gram lookup, the draft model, or none), chosen together to maximise the
-   expected tokens per second of the whole batch (`Planner.plan`, engine/batch_plan.py);
+   expected tokens per second of the whole batch (`Planner.plan`, engine/batch/plan.py);
 3. draft: model drafts of all slots in batched rounds in the draft context (a
    draft cache catches up on at most `WINDOW` recent tokens: prompts are not
    prefilled into the draft, so that they do not delay the first token);
@@ -39,10 +39,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from specdec_cli.engine.auto import AutoState
-from specdec_cli.engine.batch_plan import Choice, Planner, ubatch_sizes
-from specdec_cli.engine.batch_slots import END, BatchJob, SeqView, Slot
+from specdec_cli.engine.batch.plan import Choice, Planner, ubatch_sizes
+from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
+from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import DrafterDropped, Prefill
 from specdec_cli.engine.protocol import LoadedModel

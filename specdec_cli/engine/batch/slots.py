@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdec_cli.engine.drafters import NgramDrafter, Proposal
+from specdec_cli.engine.drafters.gate import ShadowScore
 from specdec_cli.engine.events import Event, Transcript
-from specdec_cli.engine.gate import ShadowScore
 from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator

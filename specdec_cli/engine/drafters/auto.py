@@ -28,8 +28,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdec_cli.engine.cross import CrossDrafter
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, ModelDrafter, NgramDrafter, Outcome, Proposal
+from specdec_cli.engine.drafters.cross import CrossDrafter
+from specdec_cli.engine.drafters.gate import ShadowScore
 from specdec_cli.engine.estimates import (
     Acceptance,
     BatchCosts,
@@ -38,7 +39,6 @@ from specdec_cli.engine.estimates import (
     perfect_speedup,
     step_speedup,
 )
-from specdec_cli.engine.gate import ShadowScore
 from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
 
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried

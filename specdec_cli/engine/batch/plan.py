@@ -5,7 +5,7 @@ draft model) is valued as expected tokens over cost, in single-token target deco
 batch as llama.cpp will split it (`ubatch_sizes`), or filled to one micro-batch where that is
 cheaper, less what the step's prompt chunks cost anyway, plus the draft rounds. A plan with model
 drafts must win in the steady state and again with its caches' one-time catch-up spread over the
-steps it can pay back in (engine/occupancy.py). README, "Concurrent requests", tells the whole story.
+steps it can pay back in (engine/batch/occupancy.py). README, "Concurrent requests", tells the whole story.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec_cli.engine.auto import AutoState
-from specdec_cli.engine.batch_slots import BatchJob, Slot
+from specdec_cli.engine.batch.occupancy import Occupancy
+from specdec_cli.engine.batch.slots import BatchJob, Slot
 from specdec_cli.engine.drafters import DraftRequest, Proposal
+from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, perfect_speedup
-from specdec_cli.engine.occupancy import Occupancy
 from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.settings import AUTO, MODEL, NGRAM, NONE
 
@@ -73,7 +73,7 @@ class Choice:
 
 
 class Planner:
-    """Each step's drafts for the batch engine (engine/batch.py, which owns it and runs the step): per
+    """Each step's drafts for the batch engine (engine/batch/, which owns it and runs the step): per
     generating slot, how many tokens and from where, priced by the passes llama.cpp's split will cost."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, state: AutoState, draft_costs: BatchCosts, *,
@@ -247,7 +247,7 @@ class Planner:
             # Round 0 catches each draft cache up: a token or two after a model step, up to the window
             # after other steps. That longer catch-up is paid once and lets the steps after it draft, so
             # it is spread over the steps the request has left (at the draft's expected tokens a step),
-            # or fewer: those expected before another request joins the batch (engine/occupancy.py).
+            # or fewer: those expected before another request joins the batch (engine/batch/occupancy.py).
             behind = {seq: self._behind_now.get(seq, 1) for seq in drafting}
             cost += self._round(sum(min(b, 2) for b in behind.values()), unit)
             for seq, b in behind.items():

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from specdec_cli.engine.drafters import Drafter, DraftRequest, Outcome, Proposal
-from specdec_cli.engine.gate import CostGate
+from specdec_cli.engine.drafters.gate import CostGate
 from specdec_cli.engine.settings import GenerateOptions
 
 

@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec_cli.engine.drafters import MODEL, DraftRequest, Outcome, Proposal, check_finite
+from specdec_cli.engine.drafters import DraftRequest, Outcome, Proposal, check_finite
 from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.sampling import Dist, process
+from specdec_cli.engine.settings import MODEL
 
 LOOKBEHIND = 4  # target tokens re-tokenized with the draft's text, to align the boundary
 

@@ -1,0 +1,106 @@
+"""The draft model drafts: K tokens from a smaller model of the same vocabulary, with the q each was drawn from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specdec_cli.engine.drafters.base import DraftRequest, DraftUnusable, Outcome, Proposal
+from specdec_cli.engine.protocol import LanguageModel
+from specdec_cli.engine.sampling import Dist, process, rows_finite, sample
+from specdec_cli.engine.settings import MODEL
+
+
+def check_finite(model: LanguageModel, row: np.ndarray) -> None:
+    if not rows_finite(row):
+        # Corrupt weights: a NaN q would make min(1, p/q) accept anything.
+        raise DraftUnusable(
+            f"the draft model {model.name} produced non-finite logits (NaN or infinity); "
+            "its weights are probably corrupt"
+        )
+
+
+def pick(model: LanguageModel, row: np.ndarray, req: DraftRequest, p_min: float) -> tuple[int, Dist] | None:
+    """The draft token after `row` (the draft's logits) and the q it was drawn from; None where
+    the draft's top probability is below `p_min` (the draft stops there)."""
+    check_finite(model, row)
+    if req.sampler.greedy:
+        tok = int(np.argmax(row))
+        # The top token's softmax probability, without materialising the softmax.
+        if p_min > 0.0 and 1.0 / float(np.exp(row - row[tok]).sum()) < p_min:
+            return None
+        return tok, Dist.point(tok)
+    q = process(row, req.sampler)
+    if p_min > 0.0 and q.probs[0] < p_min:
+        return None
+    return sample(q, req.rng), q
+
+
+class ModelDrafter:
+    """A smaller model with the same vocabulary, run in its own context.
+
+    Its cache follows the conversation through common-prefix sync: after a
+    rejection the rejected tail is dropped and only the accepted tokens (and the
+    target's token) are evaluated on the next step. `p_min` stops a draft where
+    the draft's top probability falls below it.
+    """
+
+    name: str = MODEL
+    free = False
+
+    def __init__(self, model: LanguageModel, p_min: float = 0.0, window: int | None = None) -> None:
+        self.model = model
+        self.p_min = p_min
+        # With a window, a cache that fell more than `window` tokens behind (the auto
+        # drafter paused it) re-reads only the last `window` tokens of the context:
+        # a draft is only a proposal, so a shorter history costs acceptance, never correctness.
+        self.window = window
+        self.offset = 0  # the cache holds context[offset:]
+        self.last_catch_up = (0, 0.0)  # (tokens, seconds) evaluated by the last catch-up
+
+    def decode_seconds(self) -> float:
+        return self.model.decode_seconds
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        # The last prompt token is decoded by the first `propose`, with logits.
+        self.offset = 0
+        self.model.prefill(prompt[:-1])
+
+    def accept(self, outcome: Outcome) -> None:
+        """Nothing now: the next `propose` catches the cache up through the common prefix."""
+
+    def catch_up(self, context: Sequence[int]) -> np.ndarray | None:
+        """Make the cache hold `context` and return the logits after it (None: a token it cannot read)."""
+        ctx = context[self.offset :]
+        keep = min(self.model.common_prefix(ctx), len(ctx) - 1)
+        if self.window is not None and len(ctx) - keep > self.window:
+            self.offset = len(context) - self.window
+            ctx = context[self.offset :]
+            keep = min(self.model.common_prefix(ctx), len(ctx) - 1)
+        fresh = ctx[keep:]
+        if any(t >= self.model.n_vocab for t in fresh):
+            return None  # a padded target token the draft cannot read
+        self.model.rollback(keep)
+        t0 = self.model.decode_seconds
+        rows = self.model.decode(fresh)
+        self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
+        return rows
+
+    def propose(self, req: DraftRequest) -> Proposal:
+        rows = self.catch_up(req.context)
+        if rows is None:
+            return Proposal(k=req.k, source=MODEL)
+        drafted: list[int] = []
+        dists: list[Dist] = []
+        for j in range(req.k):
+            picked = pick(self.model, rows[0], req, self.p_min)
+            if picked is None:
+                break
+            tok, q = picked
+            drafted.append(tok)
+            dists.append(q)
+            if tok in req.stop_ids or j == req.k - 1:
+                break
+            rows = self.model.decode([tok])
+        return Proposal(drafted, dists, req.k, MODEL)
