@@ -163,7 +163,8 @@ def test_close_and_failed_loads_free_the_models(
     monkeypatch.setattr(Model, "__init__", tracking_init)
     from specdec_cli import pairs
 
-    monkeypatch.setattr("specdec_cli.models.loading.check_pair", lambda t, d: pairs.Verdict(pairs.COMPATIBLE, "skipped"))
+    monkeypatch.setattr("specdec_cli.models.loading.check_pair",
+                        lambda t, d, opener=None: pairs.Verdict(pairs.COMPATIBLE, "skipped"))
     with pytest.raises(SpecdecError):
         api.load(smol_path, truncated_gguf, n_ctx=256)
     assert len(opened) == 2 and all(m._model is None for m in opened)
