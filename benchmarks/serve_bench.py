@@ -190,12 +190,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exact: bool = False) -> Iterator[str]:
+def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exact: bool = False,
+                 extra: tuple[str, ...] = ()) -> Iterator[str]:  # fmt: skip
     port = free_port()
     cmd = [str(binary), "-m", str(target), "-np", str(slots), "-c", str(CTX * slots), "-t", "2", "-tb", "2",
            "--host", "127.0.0.1", "--port", str(port), "--no-webui"]  # fmt: skip
     if draft is not None:
         cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
+    cmd += list(extra)
     env = dict(os.environ)
     if exact:  # the kernels specdec runs (engine/model.py): no flash attention, repacking or tiled matmul
         cmd += ["-fa", "off", "--no-repack"]

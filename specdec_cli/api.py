@@ -33,6 +33,7 @@ from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
 from specdec_cli.engine.drafters.policies import compose
+from specdec_cli.engine.drafters.pool import TokenPool
 from specdec_cli.engine.events import DRAFT, Step
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.settings import (
@@ -41,6 +42,7 @@ from specdec_cli.engine.settings import (
     DEFAULT_DRAFTER,
     DEFAULT_K,
     DEFAULT_NGRAM,
+    DEFAULT_POOL_MB,
     MODEL,
     NGRAM,
     NONE,
@@ -70,6 +72,7 @@ class Speculator:
         n_threads: int | None,
         cross: bool = False,
         parallel: int = 1,
+        pool: TokenPool | None = None,
     ) -> None:
         self.choice = choice
         self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch/)
@@ -79,6 +82,7 @@ class Speculator:
         self.draft = draft
         self.drafter = drafter  # the default kind for `generate`
         self.ngram = ngram
+        self.pool = pool  # earlier prompts and outputs, for the n-gram lookup (engine/drafters/pool.py)
         self.n_threads = n_threads
         self.draft_broken: str | None = None  # set when the draft model produced non-finite logits
         self.warnings: list[str] = []  # about how it was loaded (threads capped, context past training length)
@@ -141,14 +145,14 @@ class Speculator:
         if self.parallel > 1:
             job = BatchJob(tokens.ids, config, kind, should_stop=lambda: run._should_stop(), k_max=config.k_max)
             run = GenerationRun(job, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
-                                on_draft_dropped=self._draft_dropped)  # fmt: skip
+                                on_draft_dropped=self._draft_dropped, on_finished=self._remember)  # fmt: skip
             self.batch_engine().submit(job)
             return run
         gen = SpeculativeGenerator(self.target, self._make_drafter(kind, config), tokens.ids, config,
                                    should_stop=lambda: run._should_stop())  # fmt: skip
         run = GenerationRun(gen, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
                             lock=self._lock, n_cached=self.target.common_prefix(gen.prompt),
-                            on_draft_dropped=self._draft_dropped)  # fmt: skip
+                            on_draft_dropped=self._draft_dropped, on_finished=self._remember)  # fmt: skip
         return run
 
     def generate(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Generation:
@@ -169,6 +173,15 @@ class Speculator:
         yield Chunk("", generation=run.generation)
 
     # ------------------------------------------------------------ helpers
+    def _remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+        if self.pool is not None:
+            self.pool.add([*prompt, *output])
+
+    def _ngram(self, config: GenerateOptions) -> NgramDrafter:
+        """The n-gram lookup, with the pool unless the run is seeded and sampled: its text must depend on
+        the seed alone, not on what earlier requests left in the pool (with any drafts it stays exact)."""
+        return NgramDrafter(*self.ngram, pool=None if config.reproducible else self.pool)
+
     def _draft_dropped(self, reason: str) -> None:
         self.draft_broken = reason  # later generations start without the draft model
 
@@ -207,7 +220,7 @@ class Speculator:
                 k = DEFAULT_K[AUTO]
                 state, draft_costs = parallel_starting_state(self.target, draft, self.n_threads,
                                                              self.parallel * (k + 1), self.parallel)  # fmt: skip
-                self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram,
+                self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram, pool=self.pool,
                                            model_k_max=self.choice.draft_max, draft_costs=draft_costs)  # fmt: skip
             return self._engine
 
@@ -233,11 +246,11 @@ class Speculator:
                 model = self._model_drafter(config, window=WINDOW)
             k = config.k_max
             state = self._reproducible_auto_state(k) if config.reproducible else self.auto_state(k)
-            return AutoDrafter(NgramDrafter(*self.ngram), model, k, state, self.choice.draft_max)
+            return AutoDrafter(self._ngram(config), model, k, state, self.choice.draft_max)
         if kind == MODEL and self.draft is not None:
             inner = self._model_drafter(config)
         elif kind == NGRAM:
-            inner = NgramDrafter(*self.ngram)
+            inner = self._ngram(config)
         else:
             return None
         return compose(inner, config)
@@ -296,6 +309,7 @@ def load(
     verbose: bool = False,
     parallel: int = 1,
     open_model: ModelOpener | None = None,
+    pool_mb: float = DEFAULT_POOL_MB,
 ) -> Speculator:
     """Load a target and its drafter.
 
@@ -311,9 +325,12 @@ def load(
     token-for-token what it would be alone (greedy; sampling keeps the target's
     distribution, and a seeded sampled generation is decoded without drafts).
 
+    `pool_mb` bounds the token pool: earlier prompts and outputs the n-gram lookup (and so `auto`) drafts
+    from, shared by every generation of this Speculator (0: none; engine/drafters/pool.py).
+
     `open_model` opens the model files (default: llama.cpp; tests pass a fake, tests/fakes.py).
     """
-    check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram)
+    check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram, pool_mb=pool_mb)
     kind = check_drafter(NONE if drafter is None else drafter)
     if target is not None and draft is None and pair is None and loading.is_pair_name(target):
         pair, target = str(target), None
@@ -335,7 +352,9 @@ def load(
         choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
         n_seq=parallel, opener=open_model,
     )
-    spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel)
+    pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
+    spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
+                      pool=pool)  # fmt: skip
     if cross and parallel > 1 and d is not None:
         spec.notes.append("with --parallel, a draft with another tokenizer is not used: the n-gram lookup drafts")
     spec.warnings = [*warnings, *t.warnings, *(d.warnings if d is not None else [])]

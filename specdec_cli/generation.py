@@ -70,9 +70,11 @@ class GenerationRun:
 
     def __init__(self, gen: SpeculativeGenerator | BatchJob, settings: dict[str, Any], cancel: Any, *,
                  models: dict[str, str | None], lock: threading.Lock | None = None, n_cached: int = 0,
-                 on_draft_dropped: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 on_draft_dropped: Callable[[str], None] | None = None,
+                 on_finished: Callable[[Sequence[int], Sequence[int]], None] | None = None) -> None:  # fmt: skip
         """`lock`: held while events are read (one generation at a time per loaded pair), none for a batch
-        job; `n_cached`: prompt tokens the target's cache held (a batch job knows once it has a slot)."""
+        job; `n_cached`: prompt tokens the target's cache held (a batch job knows once it has a slot);
+        `on_finished(prompt, output)`: called once the events are read to the end (the token pool)."""
         self._gen = gen
         self._settings = settings
         self._external = cancel
@@ -80,6 +82,7 @@ class GenerationRun:
         self._lock = lock
         self._n_cached = n_cached
         self._on_draft_dropped = on_draft_dropped
+        self._on_finished = on_finished
         self._cancelled = threading.Event()
         self.stats = Stats()
 
@@ -112,6 +115,8 @@ class GenerationRun:
                 if isinstance(ev, DrafterDropped) and self._on_draft_dropped is not None:  # only a draft model is
                     self._on_draft_dropped(ev.reason)
                 yield ev
+            if self._on_finished is not None:
+                self._on_finished(self._gen.prompt, self._gen.result.token_ids)
         finally:
             lock.release()
 

@@ -24,7 +24,16 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from specdec_cli.engine.settings import DEFAULT_CTX, DEFAULT_NGRAM, NGRAM, NONE, PARAMS, DrafterKind, GenerateOptions
+from specdec_cli.engine.settings import (
+    DEFAULT_CTX,
+    DEFAULT_NGRAM,
+    DEFAULT_POOL_MB,
+    NGRAM,
+    NONE,
+    PARAMS,
+    DrafterKind,
+    GenerateOptions,
+)
 
 if TYPE_CHECKING:
     from specdec_cli.api import Speculator
@@ -104,6 +113,11 @@ class NgramOptions:
         int,
         typer.Option("--ngram-max", help="Longest n-gram the ngram drafter tries first.", rich_help_panel="Speculation"),
     ] = DEFAULT_NGRAM[1]
+    pool_mb: Annotated[
+        float,
+        typer.Option("--pool-mb", help="Memory for the token pool: earlier prompts and outputs (requests, turns) "
+                     "the n-gram lookup drafts from, oldest dropped first (0 = off).", rich_help_panel="Speculation"),
+    ] = DEFAULT_POOL_MB
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -163,6 +177,7 @@ def load(
         n_gpu_layers=runtime.gpu_layers,
         draft_gpu_layers=runtime.draft_gpu_layers,
         ngram=ngram.sizes,
+        pool_mb=ngram.pool_mb,
         verbose=runtime.verbose,
         parallel=parallel,
     )

@@ -45,6 +45,7 @@ DEFAULT_DRAFTER = AUTO
 # for AUTO the most it drafts (the cost model picks K below it every step).
 DEFAULT_K: dict[str, int] = {AUTO: 8, MODEL: 4, NGRAM: 8}
 DEFAULT_NGRAM = (2, 4)
+DEFAULT_POOL_MB = 64.0  # the token pool of earlier prompts and outputs (about 900k tokens)
 DEFAULT_P_MIN = 0.0
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_CTX = 4096
@@ -115,7 +116,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 
 # Parameters of loading (not of one generation), checked by `check_load`; their flags, for the CLI.
 LOAD_FLAGS = {"n_ctx": "--ctx-size", "n_threads": "--threads", "parallel": "--parallel",
-              "ngram": "--ngram-min/--ngram-max", "drafter": "--drafter"}  # fmt: skip
+              "ngram": "--ngram-min/--ngram-max", "drafter": "--drafter", "pool_mb": "--pool-mb"}  # fmt: skip
 
 
 def flag(param: str) -> str:
@@ -216,7 +217,8 @@ def check_drafter(kind: str) -> DrafterKind:
         raise InvalidSetting("drafter", repr(kind), f"one of {', '.join(DrafterKind)}") from None
 
 
-def check_load(*, n_ctx: int, n_threads: int | None, parallel: int = 1, ngram: tuple[int, int] = DEFAULT_NGRAM) -> None:
+def check_load(*, n_ctx: int, n_threads: int | None, parallel: int = 1, ngram: tuple[int, int] = DEFAULT_NGRAM,
+               pool_mb: float = DEFAULT_POOL_MB) -> None:  # fmt: skip
     """The parameters of loading a pair (one place; the API calls it, the CLI before loading)."""
     if not 8 <= n_ctx <= 2**31 - 1:
         raise InvalidSetting("n_ctx", n_ctx, "from 8 to 2^31-1")
@@ -226,3 +228,5 @@ def check_load(*, n_ctx: int, n_threads: int | None, parallel: int = 1, ngram: t
         raise InvalidSetting("parallel", parallel, f"from 1 to {MAX_PARALLEL}")
     if not 1 <= ngram[0] <= ngram[1]:
         raise InvalidSetting("ngram", f"{ngram[0]} and {ngram[1]}", "two sizes with 1 <= min <= max")
+    if not (math.isfinite(pool_mb) and 0 <= pool_mb <= 1 << 20):
+        raise InvalidSetting("pool_mb", pool_mb, "a number of megabytes from 0 (off) to 2^20")

@@ -43,6 +43,7 @@ from specdec_cli.engine.batch.plan import Choice, Planner, ubatch_sizes
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
 from specdec_cli.engine.drafters.auto import AutoState
+from specdec_cli.engine.drafters.pool import TokenPool
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import DrafterDropped, Prefill
 from specdec_cli.engine.protocol import LoadedModel
@@ -58,7 +59,7 @@ class BatchEngine:
     """Owns both models (opened with `n_seq` = slots) and a thread that steps every active job together."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, state: AutoState, *, ngram: tuple[int, int] = (2, 4),
-                 model_k_max: int | None = None, draft_costs: BatchCosts | None = None,
+                 model_k_max: int | None = None, draft_costs: BatchCosts | None = None, pool: TokenPool | None = None,
                  on_step: Callable[[int, int, int], None] | None = None) -> None:  # fmt: skip
         self.target = target
         self.draft = draft
@@ -66,7 +67,7 @@ class BatchEngine:
         self.ngram = ngram
         self.model_k_max = model_k_max
         self.on_step = on_step  # (slots in the batch, tokens in the batch, drafted tokens): for /metrics
-        self.slots = [Slot(s, ngram=NgramDrafter(*ngram)) for s in range(target.n_seq)]
+        self.slots = [Slot(s, ngram=NgramDrafter(*ngram, pool=pool)) for s in range(target.n_seq)]
         self.budget = target.n_batch
         self.planner = Planner(target, draft, state, draft_costs or BatchCosts(), n_slots=len(self.slots),
                                model_k_max=model_k_max, budget=self.budget)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specdec_cli.engine.drafters.base import DraftRequest, Outcome, Proposal
+from specdec_cli.engine.drafters.pool import TokenPool
 from specdec_cli.engine.sampling import Dist
 from specdec_cli.engine.settings import NGRAM
 
@@ -21,14 +22,18 @@ class NgramDrafter:
 
     An index from each n-gram to the position after its latest occurrence is
     kept up to date as the context grows, so a lookup costs n_max dict probes.
+
+    With a `pool` (pool.py: what earlier generations read and wrote), the pool is asked too, and its
+    draft is taken when its match is longer than the context's.
     """
 
     name: str = NGRAM
     free = True
 
-    def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
+    def __init__(self, n_min: int = 2, n_max: int = 4, pool: TokenPool | None = None) -> None:
         self.n_min = n_min
         self.n_max = n_max
+        self.pool = pool
         self._tokens: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], int]] = {}
         self._reset()
@@ -60,6 +65,10 @@ class NgramDrafter:
         self._extend(context[m:])
 
     def lookup(self, k: int) -> list[int]:
+        return self.match(k)[0]
+
+    def match(self, k: int) -> tuple[list[int], int]:
+        """The draft from the context, and the length of the match it follows (0: none)."""
         toks = self._tokens
         end = len(toks)
         for n in range(self.n_max, self.n_min - 1, -1):
@@ -72,8 +81,8 @@ class NgramDrafter:
             for j in range(k):
                 pos = start + j
                 out.append(toks[pos] if pos < end else out[pos - end])
-            return out
-        return []
+            return out, n
+        return [], 0
 
     def decode_seconds(self) -> float:
         return 0.0  # no model: the lookup's own time is counted with the step's other work
@@ -87,7 +96,11 @@ class NgramDrafter:
 
     def propose(self, req: DraftRequest) -> Proposal:
         self.sync(req.context)
-        drafted = self.lookup(req.k)
+        drafted, n = self.match(req.k)
+        if self.pool is not None:
+            pooled, m = self.pool.propose(req.context, req.k)
+            if m > n:
+                drafted = pooled
         for j, tok in enumerate(drafted):
             if tok in req.stop_ids:
                 del drafted[j + 1 :]

@@ -1,0 +1,124 @@
+"""The token pool (engine/drafters/pool.py): longest match, frequency, growing drafts, a byte budget."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec_cli import api
+from specdec_cli.engine.drafters import NgramDrafter
+from specdec_cli.engine.drafters.pool import BYTES_PER_TOKEN, TokenPool
+from tests.fakes import open_fake
+
+
+def test_a_repeat_is_drafted_from_the_earlier_text() -> None:
+    pool = TokenPool(n_min=2)
+    pool.add([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert pool.propose([0, 1, 2, 3], 4) == ([4, 5, 6], 3)  # the match is [1, 2, 3]: at most 3 tokens
+    assert pool.propose([7, 1, 2, 3, 4, 5], 8) == ([6, 7, 8, 9], 5)  # a longer match earns more; the text ends
+    assert pool.propose([9, 9], 4) == ([], 0)
+
+
+def test_the_draft_follows_the_majority_and_stops_where_they_disagree() -> None:
+    pool = TokenPool(n_min=2)
+    for tail in ([5, 6, 7], [5, 6, 7], [5, 6, 9]):
+        pool.add([1, 2, 3, 4, *tail])
+    assert pool.propose([1, 2, 3, 4], 8)[0] == [5, 6, 7]  # 7 by two of three (more than min_share)
+    pool.add([1, 2, 3, 4, 5, 6, 9])
+    assert pool.propose([1, 2, 3, 4], 8)[0] == [5, 6]  # two against two: no confidence past 6
+
+
+def test_the_longest_match_wins_over_a_more_frequent_shorter_one() -> None:
+    pool = TokenPool(n_min=2)
+    for _ in range(3):
+        pool.add([8, 2, 3, 40, 41])
+    pool.add([7, 1, 2, 3, 50, 51])
+    assert pool.propose([7, 1, 2, 3], 2) == ([50, 51], 4)
+
+
+def test_no_match_crosses_two_texts() -> None:
+    pool = TokenPool(n_min=2)
+    pool.add([1, 2, 3])
+    pool.add([4, 5, 6])
+    assert pool.propose([1, 2], 4) == ([3], 2)  # the first text ends after 3: the draft does too
+    assert pool.propose([2, 3], 4) == ([], 0)  # nothing ever followed [2, 3]
+
+
+def test_the_budget_drops_the_oldest_texts_first() -> None:
+    budget = 40 * BYTES_PER_TOKEN
+    pool = TokenPool(budget, n_min=2)
+    for i in range(20):
+        pool.add([100 + i, 1, 2, 3, 200 + i])
+        assert pool.bytes_used <= budget
+    assert pool.evicted > 0
+    assert pool.propose([119, 1, 2, 3], 4)[0] == [219]  # the newest is kept
+    assert pool.propose([100, 1, 2, 3], 4)[0] != [200]  # the oldest is gone
+    TokenPool(0).add([1, 2, 3, 4])  # a zero budget keeps nothing, and says nothing
+
+
+texts = st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=12), min_size=1, max_size=6)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(texts, st.lists(st.integers(0, 5), min_size=2, max_size=10), st.integers(1, 8))
+def test_every_draft_is_a_continuation_of_the_match_in_some_text(pool_texts: list[list[int]], context: list[int],
+                                                                    k: int) -> None:  # fmt: skip
+    pool = TokenPool(n_min=2)
+    for t in pool_texts:
+        pool.add(t)
+    draft, m = pool.propose(context, k)
+    assert len(draft) <= k and (m == 0 or m >= 2)
+    assert len(draft) <= max(m, 1)
+    if draft:  # some kept text holds the matched context tail followed by the draft's first token
+        tail = context[-m:]
+        assert any(t[i : i + m + 1] == [*tail, draft[0]] for t in pool_texts for i in range(len(t))), (tail, draft)
+
+
+# ------------------------------------------------------------- through the API (the fake model)
+PROMPT = "Write a line about the sea."
+
+
+@pytest.fixture
+def no_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "auto"])
+def test_a_repeated_request_is_drafted_from_the_first(no_calibration: None, drafter: str) -> None:
+    with api.load(open_model=open_fake, n_ctx=1024, drafter=drafter) as spec:
+        first = spec.generate(PROMPT, max_tokens=64)
+        assert spec.pool is not None and len(spec.pool) >= len(first.token_ids)
+        again = spec.generate(PROMPT, max_tokens=64)
+        assert again.token_ids == first.token_ids  # exact, drafts or not
+        assert again.stats.accepted > first.stats.accepted
+        assert again.stats.accepted >= len(first.token_ids) // 2, again.stats
+    with api.load(open_model=open_fake, n_ctx=1024, drafter=drafter, pool_mb=0) as spec:
+        assert spec.pool is None
+        spec.generate(PROMPT, max_tokens=64)
+        assert spec.generate(PROMPT, max_tokens=64).stats.accepted <= first.stats.accepted
+
+
+def test_a_seeded_sampled_run_does_not_depend_on_the_pool(no_calibration: None) -> None:
+    """Its text must depend on the seed alone: what earlier requests left in the pool must not change it."""
+    with api.load(open_model=open_fake, n_ctx=1024, drafter="ngram") as spec:
+        kw = {"max_tokens": 48, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 5}
+        a = spec.generate(PROMPT, **kw)
+        spec.generate(PROMPT, max_tokens=48)
+        b = spec.generate(PROMPT, **kw)
+        assert a.token_ids == b.token_ids
+
+
+def test_pool_mb_is_checked(no_calibration: None) -> None:
+    with pytest.raises(ValueError, match="^pool_mb must be a number of megabytes"):
+        api.load(open_model=open_fake, pool_mb=-1)
+
+
+def test_the_n_gram_drafter_prefers_the_longer_match() -> None:
+    pool = TokenPool(n_min=2)
+    pool.add([9, 8, 7, 1, 2, 3, 4, 5, 6])
+    d = NgramDrafter(2, 4, pool=pool)
+    d.begin([1, 2, 30, 9, 8, 7, 1, 2])
+    d.sync([1, 2, 30, 9, 8, 7, 1, 2])
+    assert d.match(4) == ([30, 9, 8, 7], 2)  # the context's own match: [1, 2]
+    assert pool.propose([1, 2, 30, 9, 8, 7, 1, 2], 4) == ([3, 4, 5, 6], 5)  # the pool's: [9, 8, 7, 1, 2]
