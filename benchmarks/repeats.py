@@ -86,15 +86,19 @@ def main() -> None:
     ap.add_argument("--pair", default=None, help="a pair from models.toml (default: the default pair)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-server")
+    ap.add_argument("--pool-args", default="", help="extra flags for the two specdec servers with the pool "
+                    "(for example \"--draft-max 32\")")
+    ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
     args = ap.parse_args()
+    extra = args.pool_args.split()
     target, _ = pair_files(args.pair)
     pair = ["--pair", args.pair] if args.pair else []
     common = [*pair, "--ctx-size", str(CTX), "--parallel", "1"]
     servers: list[tuple[str, object]] = [
         ("specdec --no-draft", lambda: live_server(*common, "--no-draft")),
         ("specdec ngram, no pool", lambda: live_server(*common, "--drafter", "ngram", "--pool-mb", "0")),
-        ("specdec ngram + pool", lambda: live_server(*common, "--drafter", "ngram")),
-        ("specdec auto + pool", lambda: live_server(*common)),
+        ("specdec ngram + pool", lambda: live_server(*common, "--drafter", "ngram", *extra)),
+        ("specdec auto + pool", lambda: live_server(*common, *extra)),
     ]
     if args.llama_cpp_bin is not None:
         binary = args.llama_cpp_bin / "llama-server"
@@ -102,6 +106,9 @@ def main() -> None:
             ("llama-server", lambda: llama_server(binary, target, None, 1)),
             ("llama-server ngram-mod", lambda: llama_server(binary, target, None, 1, extra=("--spec-type", "ngram-mod"))),
         ]
+    if args.only:
+        wanted = {"specdec --no-draft", *args.only.split(",")}
+        servers = [(label, start) for label, start in servers if label in wanted]
     results: dict[str, dict[str, Tally]] = {}
     for label, start in servers:
         with start() as server:  # type: ignore[operator]
@@ -114,7 +121,7 @@ def main() -> None:
     print(f"\n{'server':24s} {'first':>7s} {'repeat':>7s} {'control':>7s}  repeat/first  vs target alone: "
           f"{'first':>6s} {'repeat':>6s} {'control':>7s}  same text as its plain run")
     for label, r in results.items():
-        plain = results["llama-server"] if label.startswith("llama") else alone  # llama.cpp's kernels differ
+        plain = results.get("llama-server", r) if label.startswith("llama") else alone  # llama.cpp's kernels differ
         same = all(a == b for k in r for a, b in zip(r[k].texts, plain[k].texts, strict=True))
         print(f"{label:24s} {r['first'].rate:7.1f} {r['repeat'].rate:7.1f} {r['control'].rate:7.1f}  "
               f"{r['repeat'].rate / r['first'].rate:11.2f}x  {'':16s}{r['first'].rate / alone['first'].rate:5.2f}x "
