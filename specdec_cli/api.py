@@ -33,7 +33,7 @@ from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
 from specdec_cli.engine.drafters.policies import compose
-from specdec_cli.engine.drafters.pool import TokenPool
+from specdec_cli.engine.drafters.pool import TokenPool, vocab_fingerprint
 from specdec_cli.engine.events import DRAFT, Step
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.settings import (
@@ -51,7 +51,7 @@ from specdec_cli.engine.settings import (
     check_load,
 )
 from specdec_cli.engine.speculative import SpeculativeGenerator
-from specdec_cli.errors import UsageError
+from specdec_cli.errors import PoolFileError, UsageError
 from specdec_cli.generation import Chunk, Generation, GenerationRun, Message, Prompt, PromptTokens
 from specdec_cli.models import loading
 
@@ -83,6 +83,7 @@ class Speculator:
         self.drafter = drafter  # the default kind for `generate`
         self.ngram = ngram
         self.pool = pool  # earlier prompts and outputs, for the n-gram lookup (engine/drafters/pool.py)
+        self.pool_file: Path | None = None  # where the pool is saved at close (`--ngram-cache`)
         self.n_threads = n_threads
         self.draft_broken: str | None = None  # set when the draft model produced non-finite logits
         self.warnings: list[str] = []  # about how it was loaded (threads capped, context past training length)
@@ -281,7 +282,31 @@ class Speculator:
         }
 
     # ------------------------------------------------------------ cleanup
+    def open_pool_file(self, path: str | os.PathLike[str]) -> int:
+        """Read a pool saved by an earlier run (none yet: it is created at `close`); tokens read."""
+        if self.pool is None:
+            raise UsageError("--ngram-cache needs the token pool: leave --pool-mb above 0")
+        file = Path(path).expanduser()
+        if not file.parent.is_dir():
+            raise UsageError(f"--ngram-cache {file}: no folder {file.parent}")
+        n = self.pool.load(file, self._fingerprint()) if file.exists() else 0
+        self.pool_file = file
+        return n
+
+    def _fingerprint(self) -> str:
+        return vocab_fingerprint(self.target.vocab_info().texts)
+
     def close(self) -> None:
+        try:
+            if self.pool is not None and self.pool_file is not None:
+                try:
+                    self.pool.save(self.pool_file, self._fingerprint())
+                except OSError as exc:
+                    raise PoolFileError(f"could not save the token pool to {self.pool_file}: {exc.strerror or exc}") from None
+        finally:
+            self._close_models()
+
+    def _close_models(self) -> None:
         if self._engine is not None:
             self._engine.close()
         self.target.close()
@@ -310,6 +335,7 @@ def load(
     parallel: int = 1,
     open_model: ModelOpener | None = None,
     pool_mb: float = DEFAULT_POOL_MB,
+    ngram_cache: str | os.PathLike[str] | None = None,
 ) -> Speculator:
     """Load a target and its drafter.
 
@@ -326,7 +352,8 @@ def load(
     distribution, and a seeded sampled generation is decoded without drafts).
 
     `pool_mb` bounds the token pool: earlier prompts and outputs the n-gram lookup (and so `auto`) drafts
-    from, shared by every generation of this Speculator (0: none; engine/drafters/pool.py).
+    from, shared by every generation of this Speculator (0: none; engine/drafters/pool.py). `ngram_cache`
+    is a file the pool is read from now (when it exists) and saved to at `close()`, atomically.
 
     `open_model` opens the model files (default: llama.cpp; tests pass a fake, tests/fakes.py).
     """
@@ -355,6 +382,12 @@ def load(
     pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
                       pool=pool)  # fmt: skip
+    if ngram_cache is not None:
+        try:
+            spec.open_pool_file(ngram_cache)
+        except BaseException:
+            spec._close_models()
+            raise
     if cross and parallel > 1 and d is not None:
         spec.notes.append("with --parallel, a draft with another tokenizer is not used: the n-gram lookup drafts")
     spec.warnings = [*warnings, *t.warnings, *(d.warnings if d is not None else [])]

@@ -68,6 +68,10 @@ class ModelOutputError(SpecdecError):
     """A model produced logits that are not finite numbers (corrupt weights)."""
 
 
+class PoolFileError(SpecdecError):
+    """A token pool file (`--ngram-cache`) that is damaged, or was saved for another vocabulary."""
+
+
 class InternalError(SpecdecError):
     """A bug met while generating (a 500 in the server), as opposed to the request's own fault."""
 

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from specdec_cli import api
+from specdec_cli.cli import app
 from specdec_cli.engine.drafters import NgramDrafter
-from specdec_cli.engine.drafters.pool import BYTES_PER_TOKEN, TokenPool
+from specdec_cli.engine.drafters.pool import BYTES_PER_TOKEN, TokenPool, vocab_fingerprint
+from specdec_cli.errors import PoolFileError
 from tests.fakes import open_fake
 
 
@@ -122,3 +133,126 @@ def test_the_n_gram_drafter_prefers_the_longer_match() -> None:
     d.sync([1, 2, 30, 9, 8, 7, 1, 2])
     assert d.match(4) == ([30, 9, 8, 7], 2)  # the context's own match: [1, 2]
     assert pool.propose([1, 2, 30, 9, 8, 7, 1, 2], 4) == ([3, 4, 5, 6], 5)  # the pool's: [9, 8, 7, 1, 2]
+
+
+# ------------------------------------------------------------- kept across runs (--ngram-cache)
+FP = vocab_fingerprint([b"a", b"b", b"c"])
+
+
+def test_a_saved_pool_drafts_the_same_after_loading(tmp_path: Path) -> None:
+    pool = TokenPool(n_min=2)
+    for t in ([1, 2, 3, 4, 5], [7, 1, 2, 3, 9], [1, 2, 3, 4, 6]):
+        pool.add(t)
+    pool.save(tmp_path / "p.pool", FP)
+    again = TokenPool(n_min=2)
+    assert again.load(tmp_path / "p.pool", FP) == 15
+    for context in ([1, 2, 3], [7, 1, 2, 3], [0, 1, 2]):
+        assert again.propose(context, 4) == pool.propose(context, 4)
+
+
+def test_a_damaged_or_foreign_file_is_one_clear_error(tmp_path: Path) -> None:
+    pool = TokenPool(n_min=2)
+    pool.add([1, 2, 3, 4])
+    pool.save(tmp_path / "p.pool", FP)
+    with pytest.raises(PoolFileError, match="another vocabulary"):
+        TokenPool().load(tmp_path / "p.pool", vocab_fingerprint([b"x"]))
+    data = (tmp_path / "p.pool").read_bytes()
+    for name, content in [("cut", data[: len(data) // 2]), ("junk", b"not a pool at all"), ("empty", b"")]:
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(PoolFileError, match="is not a specdec token pool, or is damaged"):
+            TokenPool().load(tmp_path / name, FP)
+
+
+KILLED_SAVER = """
+import sys
+from specdec_cli.engine.drafters.pool import TokenPool
+pool = TokenPool(1 << 30)
+for i in range(400):
+    pool.add([i % 7, 1, 2, 3] * 250)
+print("saving", flush=True)
+while True:
+    pool.save(sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_during_save_leaves_a_pool_that_loads(tmp_path: Path) -> None:
+    """SIGKILL at several moments of a save loop: the file is always the old pool or the new, whole."""
+    path = tmp_path / "p.pool"
+    small = TokenPool()
+    small.add([5, 6, 7, 8])
+    small.save(path, FP)
+    for delay in (0.05, 0.2, 0.5, 0.9):
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVER, str(path), FP], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "saving"
+        time.sleep(delay)
+        proc.kill()
+        proc.wait(10)
+        n = TokenPool(1 << 30).load(path, FP)
+        assert n in (4, 400 * 1000), n
+    assert not [p for p in tmp_path.iterdir() if p.name != "p.pool" and not p.name.endswith(".tmp")]
+
+
+def test_the_api_keeps_the_pool_across_loads(no_calibration: None, tmp_path: Path) -> None:
+    cache = tmp_path / "pool.bin"
+    with api.load(open_model=open_fake, n_ctx=1024, drafter="ngram", ngram_cache=cache) as spec:
+        first = spec.generate(PROMPT, max_tokens=64)
+    assert cache.exists()
+    with api.load(open_model=open_fake, n_ctx=1024, drafter="ngram", ngram_cache=cache) as spec:
+        assert spec.pool is not None and len(spec.pool) > len(first.token_ids)
+        again = spec.generate(PROMPT, max_tokens=64)  # a new process's first ask is a repeat
+    assert again.token_ids == first.token_ids
+    assert again.stats.accepted >= len(first.token_ids) // 2
+    with pytest.raises(PoolFileError, match="another vocabulary"), api.load(
+        open_model=lambda p, **kw: _other_vocab(open_fake(p, **kw)), n_ctx=1024, ngram_cache=cache
+    ):
+        pass
+
+
+def _other_vocab(model: Any) -> Any:
+    real = model.vocab_info
+
+    def vocab_info() -> Any:
+        return dataclasses.replace(real(), texts=(b"other", *real().texts[1:]))
+
+    model.vocab_info = vocab_info
+    return model
+
+
+def test_the_cli_keeps_the_pool_across_runs(no_calibration: None, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from specdec_cli.models import loading
+
+    monkeypatch.setattr(loading, "OPENER", open_fake)
+    cache = tmp_path / "pool.bin"
+    args = ["run", PROMPT, "-n", "48", "--json", "--drafter", "ngram", "--ctx-size", "1024", "--ngram-cache", str(cache)]
+    runs = [json.loads(CliRunner().invoke(app, args).stdout) for _ in range(2)]
+    assert runs[0]["text"] == runs[1]["text"]
+    assert runs[1]["stats"]["accepted"] > runs[0]["stats"]["accepted"]
+    (tmp_path / "junk").write_bytes(b"junk")
+    res = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "junk")])
+    assert res.exit_code == 1 and res.stderr.startswith("Error: ") and "damaged" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_pool_built_from_a_folder_drafts_its_text(no_calibration: None, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`specdec ngram-cache build`: the folder's text, in the target's tokens, ready for --ngram-cache."""
+    from specdec_cli.models import loading
+
+    monkeypatch.setattr(loading, "OPENER", open_fake)
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.md").write_text("the quick brown fox jumps over the lazy dog\n")
+    (corpus / "sub" / "b.py").write_text("def add(a, b):\n    return a + b\n")
+    (corpus / "c.bin").write_bytes(b"\xff\xfe")  # not a text suffix: not read
+    (corpus / "d.txt").write_bytes(b"\xff\xfe not utf-8")
+    res = CliRunner().invoke(app, ["ngram-cache", "build", str(tmp_path / "p.pool"), "--from", str(corpus), "--json"])
+    assert res.exit_code == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert (info["files"], info["skipped"]) == (2, 1) and info["tokens"] > 40
+    with api.load(open_model=open_fake, n_ctx=512, ngram_cache=tmp_path / "p.pool") as spec:
+        assert spec.pool is not None
+        assert spec.pool.propose(list(b"the quick brown"), 8)[0] == list(b" fox jum")
+    bad = CliRunner().invoke(app, ["ngram-cache", "build", str(tmp_path / "p.pool"), "--from", str(tmp_path / "nope")])
+    assert bad.exit_code == 2 and bad.stderr.strip() == f"Error: --from {tmp_path / 'nope'}: not a folder"

@@ -118,6 +118,11 @@ class NgramOptions:
         typer.Option("--pool-mb", help="Memory for the token pool: earlier prompts and outputs (requests, turns) "
                      "the n-gram lookup drafts from, oldest dropped first (0 = off).", rich_help_panel="Speculation"),
     ] = DEFAULT_POOL_MB
+    ngram_cache: Annotated[
+        Path | None,
+        typer.Option("--ngram-cache", help="Keep the token pool across runs: read from FILE now (if it exists) and "
+                     "saved back at exit, atomically.", rich_help_panel="Speculation"),
+    ] = None
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -178,6 +183,7 @@ def load(
         draft_gpu_layers=runtime.draft_gpu_layers,
         ngram=ngram.sizes,
         pool_mb=ngram.pool_mb,
+        ngram_cache=ngram.ngram_cache,
         verbose=runtime.verbose,
         parallel=parallel,
     )

@@ -22,9 +22,18 @@ quarters of the budget, so a rebuild is rare). Thread-safe: every slot of a serv
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 import threading
+import zipfile
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specdec_cli.errors import PoolFileError
 
 SEPARATOR = -1
 # What one pool token costs, as counted: its slot in the token list, the kept sequence, its position in the
@@ -32,6 +41,16 @@ SEPARATOR = -1
 # 182k tokens (this README and two source files in SmolLM2's tokens, 500-token sequences, six times over).
 BYTES_PER_TOKEN = 72
 MAX_OCCURRENCES = 64  # the latest occurrences of an n_min-gram examined per lookup
+FORMAT = "specdec-token-pool-1"
+
+
+def vocab_fingerprint(texts: Sequence[bytes]) -> str:
+    """What a saved pool is valid for: every token's text, in id order (the same tokens mean the same ids)."""
+    h = hashlib.sha256(str(len(texts)).encode())
+    for t in texts:
+        h.update(len(t).to_bytes(4, "little"))
+        h.update(t)
+    return h.hexdigest()
 
 
 class TokenPool:
@@ -85,6 +104,51 @@ class TokenPool:
         toks.append(SEPARATOR)
         for i in range(n, len(seq)):  # the n-gram ending before position i is followed by seq[i]
             index.setdefault(seq[i - n : i], []).append(base + i)
+
+    # ---------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike[str], fingerprint: str) -> None:
+        """Write the pool to `path` atomically: a temporary file in the same folder, flushed to disk, then
+        renamed over `path`, so a crash (or a kill) at any moment leaves the old file or the new one."""
+        path = Path(path)
+        with self._lock:
+            seqs = list(self._sequences)
+        lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+        tokens = np.fromiter((t for s in seqs for t in s), dtype=np.int32, count=int(lengths.sum()))
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, format=np.array(FORMAT), fingerprint=np.array(fingerprint), lengths=lengths,
+                         tokens=tokens)  # fmt: skip
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load(self, path: str | os.PathLike[str], fingerprint: str) -> int:
+        """Add the texts saved in `path` (oldest first, as saved); returns how many tokens. A file that is
+        not a pool, is damaged, or was saved for another vocabulary raises `PoolFileError` (never a pool
+        of the wrong tokens: drafts would stay exact, but useless)."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                if str(data["format"]) != FORMAT:
+                    raise ValueError("not a specdec token pool")
+                saved_for = str(data["fingerprint"])
+                lengths, tokens = data["lengths"], data["tokens"]
+                if lengths.ndim != 1 or tokens.ndim != 1 or int(lengths.sum()) != len(tokens) or (lengths < 0).any():
+                    raise ValueError("inconsistent lengths")
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise PoolFileError(f"{path} is not a specdec token pool, or is damaged ({exc}): delete it or give "
+                                "another --ngram-cache file") from None  # fmt: skip
+        if saved_for != fingerprint:
+            raise PoolFileError(f"{path} was saved for a model with another vocabulary: give another --ngram-cache "
+                                "file for this one")  # fmt: skip
+        ends = np.cumsum(lengths)
+        for end, n in zip(ends.tolist(), lengths.tolist(), strict=True):
+            self.add(tokens[end - n : end].tolist())
+        return int(lengths.sum())
 
     def _rebuild(self) -> None:
         self._tokens, self._index = [], {}
