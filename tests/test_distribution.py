@@ -14,11 +14,17 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+import pytest
+
+from specdec_cli.engine import sampling
 from specdec_cli.engine.drafters import DraftRequest, ModelDrafter, NgramDrafter, Proposal
 from specdec_cli.engine.drafters.auto import AutoDrafter, AutoState
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
+from specdec_cli.models import packaged
 from tests import distribution
+from tests.fakes import N_BYTES, FakeGGUF
 
 N_SAMPLES = 1200
 
@@ -30,14 +36,37 @@ def test_sampled_tokens_follow_target_distribution(smol: Model, smol_q2k: Model)
         assert r.pvalue > distribution.P_THRESHOLD, r
 
 
-def test_sampled_tokens_follow_target_distribution_with_ngram_drafter(smol: Model) -> None:
+def repeated_text(target: FakeGGUF) -> str:
+    """A text that repeats its own start, so the n-gram lookup proposes the fake's likely next tokens (its
+    greedy continuation): X + X[:30], where X is the fake's greedy text after "ok". The fake's logits
+    depend on the last 24 tokens, which are the same as when X was generated."""
+    ctx = list(b"ok")
+    for _ in range(40):
+        row = target.logits_after(ctx)
+        row[N_BYTES:] = -np.inf  # bytes only: no control tokens in the text
+        ctx.append(int(np.argmax(row)))
+    x = bytes(ctx).decode()
+    return x + x[:30]
+
+
+def test_sampled_tokens_follow_target_distribution_with_ngram_drafter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the fake (its logits are numpy's; the sampler and the loop are the real ones): the n-gram lookup's
+    point-mass drafts, accepted with p(x) and otherwise resampled from p without x. The same harness on
+    the real models: `python -m benchmarks.planted_bug --drafter ngram`; and the auto drafter's test below
+    mixes n-gram drafts with the draft model's on them."""
+    target = FakeGGUF(packaged.smollm2_path(), n_ctx=512)
+    text = repeated_text(target)
     drafter = NgramDrafter(2, 4)
-    drafter.begin(smol.tokenize(distribution.NGRAM_PROMPT, add_special=True, parse_special=True))
-    assert len(drafter.lookup(2)) == 2, "the prompt must give the drafter something to propose"
-    results = distribution.run(smol, drafter, N_SAMPLES, text=distribution.NGRAM_PROMPT)
+    drafter.begin(target.tokenize(text, add_special=True, parse_special=True))
+    assert len(drafter.lookup(2)) == 2, "the text must give the drafter something to propose"
+    results = distribution.run(target, drafter, N_SAMPLES, text=text)
     for r in results:
         assert r.n >= 200, f"too few samples at position {r.position}: {r.n}"
         assert r.pvalue > distribution.P_THRESHOLD, r
+    # The test can fail: resampling from p instead of p without the rejected token is caught.
+    monkeypatch.setattr(sampling, "residual", lambda p, q: p)
+    bugged = distribution.run(target, NgramDrafter(2, 4), N_SAMPLES, text=text)
+    assert min(r.pvalue for r in bugged) < distribution.P_THRESHOLD, bugged
 
 
 class _FrozenCosts(BatchCosts):
