@@ -184,8 +184,8 @@ def test_cost_gate_waits_for_unknown_tokens() -> None:
     g = CostGate()
     g.propose(2, [5, 6, 7])
     g.score([0, 0, 5])  # right so far, two tokens still unknown: not scored yet
-    assert g.shadow.tables[False, False].tries == []
+    assert g.shadow.tables[False].tries == []
     g.score([0, 0, 5, 6, 1])  # decided: two right, the third wrong
-    table = g.shadow.tables[False, False]  # proposed before any first token was known right
+    table = g.shadow.tables[False]  # proposed before any first token was known right
     assert table.tries == [1.0, 1.0, 1.0] and table.hits == [1.0, 1.0, 0.0]
     assert g.shadow.last_ok  # ... and its first token was right: the next proposal is in the other regime

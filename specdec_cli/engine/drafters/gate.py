@@ -36,48 +36,41 @@ class ShadowScore:
 
     Every step's proposal is queued and scored once decided (its first wrong token,
     or all of it, known), so unverified proposals teach as fast as verified ones.
-    Acceptance is kept in tables by regime: whether the latest proposal's first
-    token turned out right, and whether this proposal continues a long match in the
-    token pool (`long_match`: a text seen before, matched on at least LONG_MATCH
-    tokens). Copying is bimodal (inside a repeated passage every proposal is right,
-    outside nearly none is), and a long earlier match is better evidence than a
-    short one in the context; one table would average them and verify none well.
+    Acceptance is kept in two tables, by regime: whether the latest proposal's
+    first token turned out right. Copying is bimodal (inside a repeated passage
+    every proposal is right, outside nearly none is); one table would average the
+    two and verify neither well.
     """
-
-    LONG_MATCH = 8
 
     MAX_PENDING = 16
 
     def __init__(self) -> None:
-        self.tables = {(ok, long): Acceptance() for ok in (True, False) for long in (True, False)}
+        self.tables = {True: Acceptance(), False: Acceptance()}
         self.last_ok = False
-        self.long = False  # the latest proposal continued a long pool match
-        self._pending: deque[tuple[int, list[int], tuple[bool, bool]]] = deque()  # (context length, proposal, regime)
+        self._pending: deque[tuple[int, list[int], bool]] = deque()  # (context length, proposal, regime)
 
     @property
     def acceptance(self) -> Acceptance:
-        """The table for the regime of the latest proposal (the one about to be priced)."""
-        return self.tables[self.last_ok, self.long]
+        """The table for the regime the next proposal is in."""
+        return self.tables[self.last_ok]
 
     def clear(self) -> None:
         """A new text begins: pending proposals go, and what was learned on earlier texts
         counts for a quarter (how well copying works depends on the text)."""
         self._pending.clear()
-        self.last_ok = self.long = False
+        self.last_ok = False
         for table in self.tables.values():
             table.forget(0.25)
 
-    def propose(self, context_len: int, proposal: Sequence[int], match: int = 0) -> None:
-        """Queue a proposal for scoring; `match` is the length of the pool match it continues (0: none)."""
-        self.long = match >= self.LONG_MATCH
+    def propose(self, context_len: int, proposal: Sequence[int]) -> None:
         if proposal:
             if len(self._pending) >= self.MAX_PENDING:
                 self._pending.popleft()
-            self._pending.append((context_len, list(proposal), (self.last_ok, self.long)))
+            self._pending.append((context_len, list(proposal), self.last_ok))
 
     def score(self, context: Sequence[int]) -> None:
         """Score every pending proposal that is decided; the newest decided first token sets the regime."""
-        keep: deque[tuple[int, list[int], tuple[bool, bool]]] = deque()
+        keep: deque[tuple[int, list[int], bool]] = deque()
         for pos, prop, regime in self._pending:
             actual = context[pos : pos + len(prop)]
             if actual:
@@ -107,8 +100,8 @@ class CostGate:
     def observe_cost(self, batch: int, seconds: float) -> None:
         self.costs.observe(batch, seconds)
 
-    def propose(self, context_len: int, proposal: Sequence[int], pool_match: int = 0) -> None:
-        self.shadow.propose(context_len, proposal, pool_match)
+    def propose(self, context_len: int, proposal: Sequence[int]) -> None:
+        self.shadow.propose(context_len, proposal)
 
     def score(self, context: Sequence[int]) -> None:
         self.shadow.score(context)

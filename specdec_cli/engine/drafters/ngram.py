@@ -97,13 +97,12 @@ class NgramDrafter:
     def propose(self, req: DraftRequest) -> Proposal:
         self.sync(req.context)
         drafted, n = self.match(req.k)
-        pool_match = 0
         if self.pool is not None:
             pooled, m = self.pool.propose(req.context, req.k)
             if m > n:
-                drafted, pool_match = pooled, m
+                drafted = pooled
         for j, tok in enumerate(drafted):
             if tok in req.stop_ids:
                 del drafted[j + 1 :]
                 break
-        return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, NGRAM, pool_match=pool_match)
+        return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, NGRAM)

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from specdec_cli.engine.drafters import Drafter, DraftRequest, Outcome, Proposal
-from specdec_cli.engine.drafters.gate import CostGate, ShadowScore
+from specdec_cli.engine.drafters.gate import CostGate
 from specdec_cli.engine.settings import GenerateOptions
 
 
@@ -45,20 +45,12 @@ class AdaptiveLength:
         self.inner.begin(prompt)
 
     def propose(self, req: DraftRequest) -> Proposal:
-        """Up to K tokens; a draft that continues a long token-pool match may use all of `hi`: it is
-        evidence of its own (a text seen before), which the cost gate prices apart."""
         self._asked = min(self.k, req.k)
-        ask = min(self.hi, req.k) if self.inner.free else self._asked  # a model's draft costs by the token
-        proposal = self.inner.propose(dataclasses.replace(req, k=ask))
-        if proposal.pool_match >= ShadowScore.LONG_MATCH:
-            return proposal
-        return proposal.cut(self._asked)
+        return self.inner.propose(dataclasses.replace(req, k=self._asked))
 
     def accept(self, outcome: Outcome) -> None:
         n_drafted = len(outcome.proposal.tokens)
-        if outcome.proposal.pool_match >= ShadowScore.LONG_MATCH:
-            pass  # a pool draft says nothing about the length in-context drafts should have
-        elif n_drafted:
+        if n_drafted:
             if outcome.n_accepted < n_drafted:
                 self.k = max(self.lo, self.k - 1)
             elif n_drafted >= self._asked:
@@ -84,7 +76,7 @@ class CostGated:
 
     def propose(self, req: DraftRequest) -> Proposal:
         proposal = self.inner.propose(req)
-        self.gate.propose(len(req.context), proposal.tokens, proposal.pool_match)
+        self.gate.propose(len(req.context), proposal.tokens)
         return proposal.cut(self.gate.choose(len(proposal.tokens)))
 
     def accept(self, outcome: Outcome) -> None:
