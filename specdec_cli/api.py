@@ -289,7 +289,7 @@ class Speculator:
         file = Path(path).expanduser()
         if not file.parent.is_dir():
             raise UsageError(f"--ngram-cache {file}: no folder {file.parent}")
-        n = self.pool.load(file, self._fingerprint()) if file.exists() else 0
+        n = self.pool.load(file, self._fingerprint(), self.target.n_vocab) if file.exists() else 0
         self.pool_file = file
         return n
 

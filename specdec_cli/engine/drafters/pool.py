@@ -126,10 +126,11 @@ class TokenPool:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def load(self, path: str | os.PathLike[str], fingerprint: str) -> int:
+    def load(self, path: str | os.PathLike[str], fingerprint: str, n_vocab: int | None = None) -> int:
         """Add the texts saved in `path` (oldest first, as saved); returns how many tokens. A file that is
         not a pool, is damaged, or was saved for another vocabulary raises `PoolFileError` (never a pool
-        of the wrong tokens: drafts would stay exact, but useless)."""
+        of the wrong tokens: drafts would stay exact, but useless); so does a token id outside `n_vocab` (a
+        hand-made file: such an id must never reach the model)."""
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as data:
@@ -139,6 +140,8 @@ class TokenPool:
                 lengths, tokens = data["lengths"], data["tokens"]
                 if lengths.ndim != 1 or tokens.ndim != 1 or int(lengths.sum()) != len(tokens) or (lengths < 0).any():
                     raise ValueError("inconsistent lengths")
+                if len(tokens) and (int(tokens.min()) < 0 or (n_vocab is not None and int(tokens.max()) >= n_vocab)):
+                    raise ValueError("a token id outside the vocabulary")
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise PoolFileError(f"{path} is not a specdec token pool, or is damaged ({exc}): delete it or give "
                                 "another --ngram-cache file") from None  # fmt: skip
