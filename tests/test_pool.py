@@ -159,7 +159,7 @@ def test_a_damaged_or_foreign_file_is_one_clear_error(tmp_path: Path) -> None:
     bad = TokenPool(n_min=2)
     bad.add([1, 2, 99])
     bad.save(tmp_path / "ids.pool", FP)  # the right vocabulary, but an id past its 3 tokens
-    with pytest.raises(PoolFileError, match="a token id outside the vocabulary"):
+    with pytest.raises(PoolFileError, match="holds a token id outside the vocabulary"):
         TokenPool().load(tmp_path / "ids.pool", FP, n_vocab=3)
     data = (tmp_path / "p.pool").read_bytes()
     for name, content in [("cut", data[: len(data) // 2]), ("junk", b"not a pool at all"), ("empty", b"")]:

@@ -134,20 +134,22 @@ class TokenPool:
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as data:
-                if str(data["format"]) != FORMAT:
-                    raise ValueError("not a specdec token pool")
-                saved_for = str(data["fingerprint"])
+                fmt, saved_for = str(data["format"]), str(data["fingerprint"])
                 lengths, tokens = data["lengths"], data["tokens"]
-                if lengths.ndim != 1 or tokens.ndim != 1 or int(lengths.sum()) != len(tokens) or (lengths < 0).any():
-                    raise ValueError("inconsistent lengths")
-                if len(tokens) and (int(tokens.min()) < 0 or (n_vocab is not None and int(tokens.max()) >= n_vocab)):
-                    raise ValueError("a token id outside the vocabulary")
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise PoolFileError(f"{path} is not a specdec token pool, or is damaged ({exc}): delete it or give "
-                                "another --ngram-cache file") from None  # fmt: skip
-        if saved_for != fingerprint:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # numpy's own words would mislead
+            fmt = ""
+        problem = None
+        if fmt != FORMAT:
+            problem = "is not a specdec token pool, or is damaged"
+        elif lengths.ndim != 1 or tokens.ndim != 1 or int(lengths.sum()) != len(tokens) or (lengths < 0).any():
+            problem = "is damaged (its lengths do not add up)"
+        elif saved_for != fingerprint:
             raise PoolFileError(f"{path} was saved for a model with another vocabulary: give another --ngram-cache "
                                 "file for this one")  # fmt: skip
+        elif len(tokens) and (int(tokens.min()) < 0 or (n_vocab is not None and int(tokens.max()) >= n_vocab)):
+            problem = "holds a token id outside the vocabulary"
+        if problem is not None:
+            raise PoolFileError(f"{path} {problem}: delete it or give another --ngram-cache file")
         ends = np.cumsum(lengths)
         for end, n in zip(ends.tolist(), lengths.tolist(), strict=True):
             self.add(tokens[end - n : end].tolist())
