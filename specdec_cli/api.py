@@ -84,6 +84,7 @@ class Speculator:
         self.ngram = ngram
         self.pool = pool  # earlier prompts and outputs, for the n-gram lookup (engine/drafters/pool.py)
         self.pool_file: Path | None = None  # where the pool is saved at close (`--ngram-cache`)
+        self._pool_stamp = ""  # the vocabulary's fingerprint, written with the pool (computed once: a whole vocabulary)
         self.n_threads = n_threads
         self.draft_broken: str | None = None  # set when the draft model produced non-finite logits
         self.warnings: list[str] = []  # about how it was loaded (threads capped, context past training length)
@@ -289,18 +290,16 @@ class Speculator:
         file = Path(path).expanduser()
         if not file.parent.is_dir():
             raise UsageError(f"--ngram-cache {file}: no folder {file.parent}")
-        n = self.pool.load(file, self._fingerprint(), self.target.n_vocab) if file.exists() else 0
-        self.pool_file = file
+        stamp = vocab_fingerprint(self.target.vocab_info().texts)
+        n = self.pool.load(file, stamp, self.target.n_vocab) if file.exists() else 0
+        self.pool_file, self._pool_stamp = file, stamp
         return n
-
-    def _fingerprint(self) -> str:
-        return vocab_fingerprint(self.target.vocab_info().texts)
 
     def close(self) -> None:
         try:
             if self.pool is not None and self.pool_file is not None:
                 try:
-                    self.pool.save(self.pool_file, self._fingerprint())
+                    self.pool.save(self.pool_file, self._pool_stamp)
                 except OSError as exc:
                     raise PoolFileError(f"could not save the token pool to {self.pool_file}: {exc.strerror or exc}") from None
         finally:
