@@ -1,6 +1,6 @@
 """Show that the sampling distribution test can fail: plant the classic bug and run it.
 
-    .venv/bin/python -m benchmarks.planted_bug [-n 1200] [--drafter model|ngram]
+    .venv/bin/python -m benchmarks.planted_bug [-n 1200] [--drafter model|ngram|auto]
 
 Runs tests/distribution.py's chi-square harness twice on the real models: once
 with the engine as it is, once with the residual replaced by p itself (resampling
@@ -23,7 +23,7 @@ from tests import distribution
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", "--samples", type=int, default=1200)
-    ap.add_argument("--drafter", choices=("model", "ngram", "cross"), default="model")
+    ap.add_argument("--drafter", choices=("model", "ngram", "auto", "cross"), default="model")
     args = ap.parse_args()
     if args.drafter == "cross":
         return cross(args.samples)
@@ -35,8 +35,10 @@ def main() -> int:
             ModelDrafter(Model(packaged.derived_draft(target_path, "Q2_K"), n_ctx=512, n_threads=2)),
             distribution.PROMPT,
         )
-    else:
+    elif args.drafter == "ngram":
         drafter, text = NgramDrafter(2, 4), distribution.NGRAM_PROMPT
+    else:
+        drafter, text = auto_drafter(Model(packaged.derived_draft(target_path, "Q2_K"), n_ctx=512, n_threads=2))
     ok = distribution.run(target, drafter, args.samples, text=text)
     real_residual = sampling.residual
     sampling.residual = lambda p, q: p  # the planted bug
@@ -45,6 +47,26 @@ def main() -> int:
     finally:
         sampling.residual = real_residual
     return report(("correct residual", ok), ("planted bug (resample from p)", bad))
+
+
+def auto_drafter(draft: Model) -> tuple[Drafter, str]:
+    """The auto drafter switching between the draft model and the n-gram lookup (tests/test_distribution.py's
+    fake-model test, here on the real models): verification cheap, a draft token at 0.35 target tokens."""
+    from specdec_cli.engine.drafters.auto import AutoDrafter, AutoState
+    from specdec_cli.engine.estimates import BatchCosts
+
+    class Frozen(BatchCosts):
+        def observe(self, batch: int, seconds: float) -> None:
+            pass
+
+    class Auto(AutoDrafter):
+        def propose(self, req):  # type: ignore[no-untyped-def]
+            self.state.draft_token_seconds = 0.35
+            return super().propose(req)
+
+    state = AutoState(costs=Frozen({b: 1 + 0.1 * (b - 1) for b in range(1, 10)}, 1.0))
+    state.draft_token_seconds = 0.35
+    return Auto(NgramDrafter(2, 4), ModelDrafter(draft, window=64), 2, state), distribution.NGRAM_PROMPT
 
 
 def report(*runs: tuple[str, list[distribution.ChiSquare]]) -> int:
