@@ -10,7 +10,8 @@ Within a group the first request is a *first ask* and the later ones *repeats*; 
 only first asks. Servers, each started fresh for the whole workload: specdec `--no-draft` (the target
 alone), `--drafter ngram --pool-mb 0` (the per-request n-gram lookup), `--drafter ngram` (with the
 token pool of earlier requests), specdec's default (auto, with the pool); with `--llama-cpp-bin`,
-llama-server plain and with `--spec-type ngram-mod` (its pool shared by all requests).
+llama-server plain, with `--spec-type ngram-mod` (its pool shared by all requests), and with ngram-mod
+and the pair's draft model (`--spec-type ngram-mod,draft-simple -md DRAFT --spec-draft-n-max 4`).
 Per server and kind of request: completion tokens over end-to-end time (request sent to last chunk),
 summed over the requests. Every figure is measured in this one run; the ratios are side by side.
 """
@@ -91,7 +92,7 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
     args = ap.parse_args()
     extra = args.pool_args.split()
-    target, _ = pair_files(args.pair)
+    target, draft = pair_files(args.pair)
     pair = ["--pair", args.pair] if args.pair else []
     common = [*pair, "--ctx-size", str(CTX), "--parallel", "1"]
     servers: list[tuple[str, object]] = [
@@ -105,6 +106,8 @@ def main() -> None:
         servers += [
             ("llama-server", lambda: llama_server(binary, target, None, 1)),
             ("llama-server ngram-mod", lambda: llama_server(binary, target, None, 1, extra=("--spec-type", "ngram-mod"))),
+            ("llama-server ngram-mod+md", lambda: llama_server(binary, target, draft, 1,
+                                                                extra=("--spec-type", "ngram-mod,draft-simple"))),
         ]
     if args.only:
         wanted = {"specdec --no-draft", *args.only.split(",")}

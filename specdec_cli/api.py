@@ -32,8 +32,9 @@ from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
+from specdec_cli.engine.drafters.gate import CostGate
 from specdec_cli.engine.drafters.policies import compose
-from specdec_cli.engine.drafters.pool import TokenPool, vocab_fingerprint
+from specdec_cli.engine.drafters.pool import TokenPool, open_pool_file
 from specdec_cli.engine.events import DRAFT, Step
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.settings import (
@@ -92,6 +93,7 @@ class Speculator:
         self.cross = cross  # the draft has a different tokenizer (engine/drafters/cross.py)
         self._cross_vocab: CrossVocab | None = None
         self._auto: AutoState | None = None  # what the auto drafter learned, kept across generations
+        self._gate = CostGate()  # what --drafter ngram's cost gate learned, kept across generations
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
 
@@ -255,7 +257,8 @@ class Speculator:
             inner = self._ngram(config)
         else:
             return None
-        return compose(inner, config)
+        # A seeded sampled run gets a new gate: which tokens it verifies must not depend on earlier runs.
+        return compose(inner, config, gate=None if config.reproducible else self._gate)
 
     def _model_drafter(self, config: GenerateOptions, window: int | None = None) -> ModelDrafter | CrossDrafter:
         assert self.draft is not None
@@ -285,14 +288,7 @@ class Speculator:
     # ------------------------------------------------------------ cleanup
     def open_pool_file(self, path: str | os.PathLike[str]) -> int:
         """Read a pool saved by an earlier run (none yet: it is created at `close`); tokens read."""
-        if self.pool is None:
-            raise UsageError("--ngram-cache needs the token pool: leave --pool-mb above 0")
-        file = Path(path).expanduser()
-        if not file.parent.is_dir():
-            raise UsageError(f"--ngram-cache {file}: no folder {file.parent}")
-        stamp = vocab_fingerprint(self.target.vocab_info().texts)
-        n = self.pool.load(file, stamp, self.target.n_vocab) if file.exists() else 0
-        self.pool_file, self._pool_stamp = file, stamp
+        self.pool_file, self._pool_stamp, n = open_pool_file(self.pool, path, self.target.vocab_info().texts)
         return n
 
     def close(self) -> None:

@@ -170,5 +170,8 @@ def test_without_calibration_it_times_a_plain_decode_before_drafting() -> None:
     res, stats = run(target, draft, AutoState())  # no costs at all
     assert res.token_ids == greedy_reference(FakeModel(V, 512, seed=4), PROMPT, 80)[0]
     assert stats.plain_steps >= BatchCosts.MIN_SAMPLES
-    # once measured, batches cost b single decodes and a draft token half a target token: plain wins
-    assert stats.plain_steps >= stats.steps - 4, stats.by_drafter
+    # once measured, batches cost b single decodes and a draft token half a target token: plain wins.
+    # Before that, a batch size not yet timed is priced by the prior, so the lookup (right every time
+    # here: the fake's text cycles) tries a few sizes until they are measured.
+    assert stats.plain_steps >= stats.steps - 8, stats.by_drafter
+    assert not any(s.drafted for s in res.steps[-25:]), [len(s.drafted) for s in res.steps]

@@ -178,14 +178,18 @@ def test_cost_gate_verifies_only_what_pays() -> None:
     assert wrong.choose(4) == 0
 
 
-def test_cost_gate_waits_for_unknown_tokens() -> None:
+def test_cost_gate_scores_each_position_once_it_is_known() -> None:
     from specdec_cli.engine.drafters.gate import CostGate
 
     g = CostGate()
     g.propose(2, [5, 6, 7])
-    g.score([0, 0, 5])  # right so far, two tokens still unknown: not scored yet
-    assert g.shadow.tables[False].tries == []
-    g.score([0, 0, 5, 6, 1])  # decided: two right, the third wrong
-    table = g.shadow.tables[False]  # proposed before any first token was known right
+    g.score([0, 0])  # nothing known yet
+    table = g.shadow.tables[False, False]  # proposed before any first token was known right
+    assert table.tries == []
+    g.score([0, 0, 5])  # the first token is right, two still unknown: position 0 counts now
+    assert table.tries == [1.0] and table.hits == [1.0]
+    g.score([0, 0, 5, 6, 1])  # decided: two right, the third wrong; position 0 is not counted again
     assert table.tries == [1.0, 1.0, 1.0] and table.hits == [1.0, 1.0, 0.0]
     assert g.shadow.last_ok  # ... and its first token was right: the next proposal is in the other regime
+    g.score([0, 0, 5, 6, 1, 9])  # a decided proposal is gone
+    assert table.tries == [1.0, 1.0, 1.0]

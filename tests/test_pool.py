@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,8 +18,9 @@ from typer.testing import CliRunner
 
 from specdec_cli import api
 from specdec_cli.cli import app
-from specdec_cli.engine.drafters import NgramDrafter
+from specdec_cli.engine.drafters import DraftRequest, NgramDrafter
 from specdec_cli.engine.drafters.pool import BYTES_PER_TOKEN, TokenPool, vocab_fingerprint
+from specdec_cli.engine.sampling import SamplerSettings
 from specdec_cli.errors import PoolFileError
 from tests.fakes import open_fake
 
@@ -108,6 +110,40 @@ def test_a_repeated_request_is_drafted_from_the_first(no_calibration: None, draf
         assert spec.pool is None
         spec.generate(PROMPT, max_tokens=64)
         assert spec.generate(PROMPT, max_tokens=64).stats.accepted <= first.stats.accepted
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "auto"])
+def test_what_long_matches_are_worth_is_remembered_across_requests(no_calibration: None, drafter: str) -> None:
+    """Once repeats have come true, a later repeat drafts long from its first step (the acceptance of long
+    pool matches is kept across texts, and --drafter ngram's gate across generations), not one token a
+    step until its own proposals come true."""
+    with api.load(open_model=open_fake, n_ctx=1024, drafter=drafter) as spec:
+        for prompt in (PROMPT, PROMPT, "Tell me about the sea.", "Tell me about the sea."):
+            last = spec.generate(prompt, max_tokens=64)
+        first_steps = [len(s.drafted) for s in last.steps[:2]]
+        assert min(first_steps) >= 4, [len(s.drafted) for s in last.steps]
+
+
+def test_long_pool_matches_are_priced_apart_and_kept_across_texts() -> None:
+    from specdec_cli.engine.drafters.gate import ShadowScore
+
+    shadow = ShadowScore()
+    shadow.propose(0, [1, 2, 3], pool_match=ShadowScore.LONG_MATCH)
+    shadow.score([1, 2, 3])
+    shadow.propose(3, [7, 8])  # a short match (the context's)
+    assert shadow.acceptance is shadow.tables[True, False]  # priced by its own table
+    shadow.score([1, 2, 3, 7, 0])
+    assert shadow.tables[False, True].hits == [1.0, 1.0, 1.0]
+    assert shadow.tables[True, False].hits == [1.0, 0.0]
+    shadow.clear()  # a new text: in-context copying is mostly forgotten, long matches are not
+    assert shadow.tables[False, True].hits == [1.0, 1.0, 1.0]
+    assert shadow.tables[True, False].hits == [0.25, 0.0]
+    pool = TokenPool()
+    pool.add([5, 6, 1, 2, 3, 4])
+    d = NgramDrafter(2, 4, pool=pool)
+    req = DraftRequest([5, 6, 1, 2], 2, SamplerSettings(), np.random.default_rng(0), frozenset())
+    d.begin(req.context)
+    assert d.propose(req).pool_match == 4  # the proposal says which pool match it continues
 
 
 def test_a_seeded_sampled_run_does_not_depend_on_the_pool(no_calibration: None) -> None:

@@ -73,16 +73,24 @@ class Acceptance:
         n = min(n_proposed, n_accepted + 1)
         if n <= 0:
             return
-        while len(self.tries) < n:
-            self.tries.append(0.0)
-            self.hits.append(0.0)
+        self.begin_proposal()
+        for i in range(n):
+            self.record(i, i < n_accepted)
+
+    def begin_proposal(self) -> None:
+        """A new proposal is about to be recorded, position by position: older ones weigh less."""
         self.tries = [t * self.decay for t in self.tries]
         self.hits = [h * self.decay for h in self.hits]
-        for i in range(n):
-            self.tries[i] += 1.0
-            if i < n_accepted:
-                self.hits[i] += 1.0
         self.n += 1
+
+    def record(self, i: int, hit: bool) -> None:
+        """Position i of the current proposal (every earlier one right) was reached: right or wrong."""
+        while len(self.tries) <= i:
+            self.tries.append(0.0)
+            self.hits.append(0.0)
+        self.tries[i] += 1.0
+        if hit:
+            self.hits[i] += 1.0
 
 
 class RecentMedian:

@@ -150,7 +150,7 @@ class Planner:
             if s.job.kind in (AUTO, NGRAM) and caps[s.seq]:
                 req = DraftRequest(s.context, caps[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
                 s.lookup = s.ngram.propose(req)  # free: every step, verified or not, for shadow scoring
-                s.shadow.propose(len(s.context), s.lookup.tokens)
+                s.shadow.propose(len(s.context), s.lookup.tokens, s.lookup.pool_match)
         if not gen or not any(caps.values()):
             return {}
         st = self.state

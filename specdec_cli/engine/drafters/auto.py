@@ -119,7 +119,7 @@ class AutoDrafter:
         s = self.state
         note, self._note = self._note, None
         ng = self.ngram.propose(req)
-        self.shadow.propose(len(req.context), ng.tokens)
+        self.shadow.propose(len(req.context), ng.tokens, ng.pool_match)
         if s.costs.one is None:
             # Nothing prices a step until a single-token decode has been timed (no calibration):
             # decode plainly until it has been (MIN_SAMPLES steps), or every choice would look free.

@@ -42,6 +42,7 @@ class Proposal:
     source: str | None = None  # which drafter proposed: MODEL or NGRAM
     predicted_speedup: float | None = None  # the cost model's prediction for this choice (auto drafter)
     note: str | None = None  # why the drafter chose as it did, when it has something to say
+    pool_match: int = 0  # the length of the token-pool match this draft continues (0: not from the pool)
 
     def cut(self, n: int) -> Proposal:
         return dataclasses.replace(self, tokens=self.tokens[:n], dists=self.dists[:n])

@@ -34,54 +34,75 @@ from specdec_cli.engine.estimates import Acceptance, BatchCosts, best_length
 class ShadowScore:
     """Scores a free drafter's proposals against the tokens the target produced, verified or not.
 
-    Every step's proposal is queued and scored once decided (its first wrong token,
-    or all of it, known), so unverified proposals teach as fast as verified ones.
-    Acceptance is kept in two tables, by regime: whether the latest proposal's
-    first token turned out right. Copying is bimodal (inside a repeated passage
-    every proposal is right, outside nearly none is); one table would average the
-    two and verify neither well.
+    Every step's proposal is queued and scored position by position as the text
+    reaches it (a position is known once the target has produced the token there),
+    until its first wrong token or its end: unverified proposals teach as fast as
+    verified ones, and a proposal whose first tokens come true teaches that at once,
+    not only when all of it is known (inside a repeated passage, verifying one token
+    a step until eight-token proposals were whole cost five steps per text).
+    Acceptance is kept in tables by regime: whether the latest proposal's first
+    token turned out right, and whether this proposal continues a long match in the
+    token pool (pool.py: a passage of an earlier text, matched on at least LONG_MATCH
+    tokens). Copying is bimodal (inside a repeated passage every proposal is right,
+    outside nearly none is), and a long earlier match is other evidence than a short
+    one in the context; one table would average them and verify none well. What
+    long matches are worth is a property of the workload (are requests repeated?),
+    not of one text: those tables are kept across texts; the others are mostly
+    forgotten when a new text begins.
     """
 
     MAX_PENDING = 16
+    LONG_MATCH = 16
 
     def __init__(self) -> None:
-        self.tables = {True: Acceptance(), False: Acceptance()}
+        self.tables = {(ok, long): Acceptance() for ok in (True, False) for long in (True, False)}
         self.last_ok = False
-        self._pending: deque[tuple[int, list[int], bool]] = deque()  # (context length, proposal, regime)
+        self.long = False  # the latest proposal continues a long pool match
+        # (context length, proposal, regime, positions recorded so far)
+        self._pending: deque[tuple[int, list[int], tuple[bool, bool], int]] = deque()
 
     @property
     def acceptance(self) -> Acceptance:
-        """The table for the regime the next proposal is in."""
-        return self.tables[self.last_ok]
+        """The table for the latest proposal's regime (the one about to be priced)."""
+        return self.tables[self.last_ok, self.long]
 
     def clear(self) -> None:
-        """A new text begins: pending proposals go, and what was learned on earlier texts
-        counts for a quarter (how well copying works depends on the text)."""
+        """A new text begins: pending proposals go, and what in-context copying taught on earlier
+        texts counts for a quarter (how well it works depends on the text)."""
         self._pending.clear()
-        self.last_ok = False
-        for table in self.tables.values():
-            table.forget(0.25)
+        self.last_ok = self.long = False
+        for (_, long), table in self.tables.items():
+            if not long:
+                table.forget(0.25)
 
-    def propose(self, context_len: int, proposal: Sequence[int]) -> None:
+    def propose(self, context_len: int, proposal: Sequence[int], pool_match: int = 0) -> None:
+        """Queue a proposal for scoring; `pool_match`: the length of the pool match it continues."""
+        self.long = pool_match >= self.LONG_MATCH
         if proposal:
             if len(self._pending) >= self.MAX_PENDING:
                 self._pending.popleft()
-            self._pending.append((context_len, list(proposal), self.last_ok))
+            self._pending.append((context_len, list(proposal), (self.last_ok, self.long), 0))
 
     def score(self, context: Sequence[int]) -> None:
-        """Score every pending proposal that is decided; the newest decided first token sets the regime."""
-        keep: deque[tuple[int, list[int], bool]] = deque()
-        for pos, prop, regime in self._pending:
+        """Record every position the text has reached since the last call; the newest proposal
+        with a known first token sets the regime."""
+        keep: deque[tuple[int, list[int], tuple[bool, bool], int]] = deque()
+        for pos, prop, regime, done in self._pending:
             actual = context[pos : pos + len(prop)]
-            if actual:
-                self.last_ok = actual[0] == prop[0]
-            run = 0
-            while run < len(actual) and actual[run] == prop[run]:
-                run += 1
-            if run == len(actual) and len(actual) < len(prop):
-                keep.append((pos, prop, regime))  # all right so far, not all known yet
-            else:
-                self.tables[regime].observe(len(prop), run)
+            if not actual:
+                keep.append((pos, prop, regime, done))
+                continue
+            self.last_ok = actual[0] == prop[0]
+            table = self.tables[regime]
+            if done == 0:
+                table.begin_proposal()
+            i, missed = done, False
+            while i < len(actual) and not missed:
+                missed = actual[i] != prop[i]
+                table.record(i, not missed)
+                i += 1
+            if not missed and i < len(prop):
+                keep.append((pos, prop, regime, i))  # all right so far, not all known yet
         self._pending = keep
 
 
@@ -100,8 +121,8 @@ class CostGate:
     def observe_cost(self, batch: int, seconds: float) -> None:
         self.costs.observe(batch, seconds)
 
-    def propose(self, context_len: int, proposal: Sequence[int]) -> None:
-        self.shadow.propose(context_len, proposal)
+    def propose(self, context_len: int, proposal: Sequence[int], pool_match: int = 0) -> None:
+        self.shadow.propose(context_len, proposal, pool_match)
 
     def score(self, context: Sequence[int]) -> None:
         self.shadow.score(context)

@@ -97,12 +97,13 @@ class NgramDrafter:
     def propose(self, req: DraftRequest) -> Proposal:
         self.sync(req.context)
         drafted, n = self.match(req.k)
+        pool_match = 0
         if self.pool is not None:
             pooled, m = self.pool.propose(req.context, req.k)
             if m > n:
-                drafted = pooled
+                drafted, pool_match = pooled, m
         for j, tok in enumerate(drafted):
             if tok in req.stop_ids:
                 del drafted[j + 1 :]
                 break
-        return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, NGRAM)
+        return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, NGRAM, pool_match=pool_match)

@@ -15,11 +15,12 @@ from specdec_cli.engine.drafters.gate import CostGate
 from specdec_cli.engine.settings import GenerateOptions
 
 
-def compose(inner: Drafter, config: GenerateOptions) -> Drafter:
+def compose(inner: Drafter, config: GenerateOptions, gate: CostGate | None = None) -> Drafter:
+    """`gate`: a cost gate kept from earlier generations (what batches cost, how drafts fare), else a new one."""
     if not config.adaptive:
         return inner
     adaptive = AdaptiveLength(inner, config.draft_min, config.k_max)
-    return CostGated(adaptive, learn_costs=not config.reproducible) if inner.free else adaptive
+    return CostGated(adaptive, learn_costs=not config.reproducible, gate=gate) if inner.free else adaptive
 
 
 class AdaptiveLength:
@@ -61,22 +62,23 @@ class AdaptiveLength:
 class CostGated:
     """A free drafter whose proposals are trimmed by a `CostGate` (the n-gram drafter with adaptive K)."""
 
-    def __init__(self, inner: Drafter, learn_costs: bool = True) -> None:
+    def __init__(self, inner: Drafter, learn_costs: bool = True, gate: CostGate | None = None) -> None:
         self.inner = inner
         self.name = inner.name
         self.free = inner.free
-        self.gate = CostGate()
+        self.gate = gate or CostGate()
         self.learn_costs = learn_costs  # False: a seeded sampled run must not depend on timings
 
     def decode_seconds(self) -> float:
         return self.inner.decode_seconds()
 
     def begin(self, prompt: Sequence[int]) -> None:
+        self.gate.shadow.clear()
         self.inner.begin(prompt)
 
     def propose(self, req: DraftRequest) -> Proposal:
         proposal = self.inner.propose(req)
-        self.gate.propose(len(req.context), proposal.tokens)
+        self.gate.propose(len(req.context), proposal.tokens, proposal.pool_match)
         return proposal.cut(self.gate.choose(len(proposal.tokens)))
 
     def accept(self, outcome: Outcome) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_cli.errors import PoolFileError
+from specdec_cli.errors import PoolFileError, UsageError
 
 SEPARATOR = -1
 # What one pool token costs, as counted: its slot in the token list, the kept sequence, its position in the
@@ -199,3 +199,15 @@ class TokenPool:
                 out.append(tok)
                 matched = [pos + 1 for pos in matched if toks[pos] == tok]
             return out, best
+
+
+def open_pool_file(pool: TokenPool | None, path: str | os.PathLike[str], texts: Sequence[bytes]) -> tuple[Path, str, int]:
+    """`--ngram-cache`: read a pool saved by an earlier run into `pool` (none yet: it is created when the
+    pool is saved). Returns the file, the vocabulary's stamp to save it with, and the tokens read."""
+    if pool is None:
+        raise UsageError("--ngram-cache needs the token pool: leave --pool-mb above 0")
+    file = Path(path).expanduser()
+    if not file.parent.is_dir():
+        raise UsageError(f"--ngram-cache {file}: no folder {file.parent}")
+    stamp = vocab_fingerprint(texts)
+    return file, stamp, pool.load(file, stamp, len(texts)) if file.exists() else 0
