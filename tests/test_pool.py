@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -232,6 +233,23 @@ def test_a_kill_during_save_leaves_a_pool_that_loads(tmp_path: Path) -> None:
         n = TokenPool(1 << 30).load(path, FP)
         assert n in (4, 400 * 1000), n
     assert not [p for p in tmp_path.iterdir() if p.name != "p.pool" and not p.name.endswith(".tmp")]
+
+
+def test_a_save_removes_what_killed_saves_left_behind(tmp_path: Path) -> None:
+    path = tmp_path / "p.pool"
+    stale, fresh = tmp_path / ".p.pool.abc123.tmp", tmp_path / ".p.pool.def456.tmp"  # as mkstemp names them
+    other = tmp_path / ".q.pool.abc123.tmp"  # another pool's
+    for f in (stale, fresh, other):
+        f.write_bytes(b"partial")
+    old = time.time() - 3600
+    for f in (stale, other):
+        os.utime(f, (old, old))
+    pool = TokenPool()
+    pool.add([5, 6, 7, 8])
+    pool.save(path, FP)
+    assert not stale.exists()  # a killed save's leftover
+    assert fresh.exists() and other.exists()  # perhaps another process's save in progress; not this file's
+    assert TokenPool().load(path, FP) == 4
 
 
 def test_the_api_keeps_the_pool_across_loads(no_calibration: None, tmp_path: Path) -> None:

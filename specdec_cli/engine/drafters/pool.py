@@ -22,10 +22,12 @@ quarters of the budget, so a rebuild is rare). Thread-safe: every slot of a serv
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import tempfile
 import threading
+import time
 import zipfile
 from collections import deque
 from collections.abc import Sequence
@@ -41,6 +43,7 @@ SEPARATOR = -1
 # 182k tokens (this README and two source files in SmolLM2's tokens, 500-token sequences, six times over).
 BYTES_PER_TOKEN = 72
 MAX_OCCURRENCES = 64  # the latest occurrences of an n_min-gram examined per lookup
+STALE_TMP_SECONDS = 600  # a temporary file of a save older than this was left by a killed process
 FORMAT = "specdec-token-pool-1"
 
 
@@ -125,6 +128,7 @@ class TokenPool:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        remove_stale_temporaries(path)
 
     def load(self, path: str | os.PathLike[str], fingerprint: str, n_vocab: int | None = None) -> int:
         """Add the texts saved in `path` (oldest first, as saved); returns how many tokens. A file that is
@@ -199,6 +203,18 @@ class TokenPool:
                 out.append(tok)
                 matched = [pos + 1 for pos in matched if toks[pos] == tok]
             return out, best
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Delete what saves of `path` killed before their rename left behind (a younger one may be another
+    process's save in progress: left alone)."""
+    now = time.time()
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > STALE_TMP_SECONDS:
+                tmp.unlink()
+        except OSError:
+            pass  # gone already, or not ours to delete
 
 
 def open_pool_file(pool: TokenPool | None, path: str | os.PathLike[str], texts: Sequence[bytes]) -> tuple[Path, str, int]:
