@@ -1,6 +1,6 @@
 """Repeated requests against one server: first asks beside their repeats (a command, not a test).
 
-    .venv/bin/python -m benchmarks.repeats [--pair P] [--max-tokens 128] [--llama-cpp-bin build/llama.cpp/bin]
+    .venv/bin/python -m benchmarks.repeats [--pair P] [--max-tokens 128] [--rounds N] [--llama-cpp-bin build/llama.cpp/bin]
 
 A workload is a list of chat requests sent in order by one client to one server (one slot), greedy,
 streamed. Its requests come in groups: agent retries (the same ask word for word, as after a tool
@@ -14,11 +14,13 @@ llama-server plain, with `--spec-type ngram-mod` (its pool shared by all request
 and the pair's draft model (`--spec-type ngram-mod,draft-simple -md DRAFT --spec-draft-n-max 4`).
 Per server and kind of request: completion tokens over end-to-end time (request sent to last chunk),
 summed over the requests. Every figure is measured in this one run; the ratios are side by side.
+`--rounds N` runs every server N times in turn and reports medians (speed drifts between servers here).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +70,11 @@ def kind(i: int) -> str:
     return "first" if all(g != group for g, _ in WORKLOAD[:i]) else "repeat"
 
 
+KINDS = ("first", "repeat", "control")
+
+
 def run_workload(base: str, max_tokens: int) -> dict[str, Tally]:
-    out = {"first": Tally(), "repeat": Tally(), "control": Tally()}
+    out = {k: Tally() for k in KINDS}
     with httpx.Client(timeout=600) as client:
         one_request(base, "Say hello.", 8, client)  # warm-up (not counted, and no part of the workload)
         for i, (_, prompt) in enumerate(WORKLOAD):
@@ -89,7 +94,9 @@ def main() -> None:
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-server")
     ap.add_argument("--pool-args", default="", help="extra flags for the two specdec servers with the pool "
                     "(for example \"--draft-max 32\")")
-    ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
+    ap.add_argument("--only", default=None, help="server labels to run, separated by ';' (a diagnosis, not a report)")
+    ap.add_argument("--rounds", type=int, default=1, help="run every server this many times, in turn; the table "
+                    "gives each figure's median over the rounds (this machine's speed drifts between servers)")
     args = ap.parse_args()
     extra = args.pool_args.split()
     target, draft = pair_files(args.pair)
@@ -110,25 +117,29 @@ def main() -> None:
                                                                 extra=("--spec-type", "ngram-mod,draft-simple"))),
         ]
     if args.only:
-        wanted = {"specdec --no-draft", *args.only.split(",")}
+        wanted = {"specdec --no-draft", *args.only.split(";")}
         servers = [(label, start) for label, start in servers if label in wanted]
-    results: dict[str, dict[str, Tally]] = {}
-    for label, start in servers:
-        with start() as server:  # type: ignore[operator]
-            base = server if isinstance(server, str) else server.base_url
-            results[label] = run_workload(base, args.max_tokens)
-        r = results[label]
-        print(f"{label:24s} first {r['first'].rate:6.1f}  repeat {r['repeat'].rate:6.1f}  "
-              f"control {r['control'].rate:6.1f} tok/s", flush=True)
-    alone = results["specdec --no-draft"]
-    print(f"\n{'server':24s} {'first':>7s} {'repeat':>7s} {'control':>7s}  repeat/first  vs target alone: "
-          f"{'first':>6s} {'repeat':>6s} {'control':>7s}  same text as its plain run")
-    for label, r in results.items():
-        plain = results.get("llama-server", r) if label.startswith("llama") else alone  # llama.cpp's kernels differ
-        same = all(a == b for k in r for a, b in zip(r[k].texts, plain[k].texts, strict=True))
-        print(f"{label:24s} {r['first'].rate:7.1f} {r['repeat'].rate:7.1f} {r['control'].rate:7.1f}  "
-              f"{r['repeat'].rate / r['first'].rate:11.2f}x  {'':16s}{r['first'].rate / alone['first'].rate:5.2f}x "
-              f"{r['repeat'].rate / alone['repeat'].rate:5.2f}x {r['control'].rate / alone['control'].rate:6.2f}x  "
+    runs: dict[str, list[dict[str, Tally]]] = {label: [] for label, _ in servers}
+    for round_ in range(1, args.rounds + 1):
+        for label, start in servers:
+            with start() as server:  # type: ignore[operator]
+                base = server if isinstance(server, str) else server.base_url
+                runs[label].append(run_workload(base, args.max_tokens))
+            r = runs[label][-1]
+            print(f"round {round_} {label:26s} first {r['first'].rate:6.1f}  repeat {r['repeat'].rate:6.1f}  "
+                  f"control {r['control'].rate:6.1f} tok/s", flush=True)
+    rate = {label: {k: statistics.median(r[k].rate for r in rs) for k in KINDS} for label, rs in runs.items()}
+    alone = rate["specdec --no-draft"]
+    rounds = f" (medians of {args.rounds} rounds)" if args.rounds > 1 else ""
+    print(f"\n{'server':26s} {'first':>7s} {'repeat':>7s} {'control':>7s}  repeat/first  vs target alone: "
+          f"{'first':>6s} {'repeat':>6s} {'control':>7s}  same text as its plain run{rounds}")
+    for label, r in rate.items():
+        plain = runs.get("llama-server", runs[label]) if label.startswith("llama") else runs["specdec --no-draft"]
+        same = all(a == b for run in runs[label] for k in KINDS
+                   for a, b in zip(run[k].texts, plain[0][k].texts, strict=True))  # fmt: skip
+        print(f"{label:26s} {r['first']:7.1f} {r['repeat']:7.1f} {r['control']:7.1f}  "
+              f"{r['repeat'] / r['first']:11.2f}x  {'':16s}{r['first'] / alone['first']:5.2f}x "
+              f"{r['repeat'] / alone['repeat']:5.2f}x {r['control'] / alone['control']:6.2f}x  "
               f"{'yes' if same else 'no'}")
 
 
