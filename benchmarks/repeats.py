@@ -15,6 +15,8 @@ and the pair's draft model (`--spec-type ngram-mod,draft-simple -md DRAFT --spec
 Per server and kind of request: completion tokens over end-to-end time (request sent to last chunk),
 summed over the requests. Every figure is measured in this one run; the ratios are side by side.
 `--rounds N` runs every server N times in turn and reports medians (speed drifts between servers here).
+`--in-process none,ngram,auto`: the same workload through the Python API, a line per request (steps,
+drafts, tok/s), to see where a figure comes from.
 """
 
 from __future__ import annotations
@@ -87,6 +89,31 @@ def run_workload(base: str, max_tokens: int) -> dict[str, Tally]:
     return out
 
 
+def in_process(pair: str | None, drafters: list[str], max_tokens: int) -> None:
+    """Each drafter through the API, one loaded pair per drafter (its pool and what auto learned start empty)."""
+    from specdec_cli import api
+
+    target, draft = pair_files(pair)
+    for name in drafters:
+        no_draft = name in ("none", "ngram")
+        spec = api.load(target, None if no_draft else draft, drafter=None if name == "none" else name, n_ctx=CTX)
+        with spec:
+            spec.generate([{"role": "user", "content": "Say hello."}], max_tokens=8)  # warm-up, as the servers'
+            out = {k: Tally() for k in KINDS}
+            for i, (group, prompt) in enumerate(WORKLOAD):
+                t0 = time.perf_counter()
+                g = spec.generate([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0.0)
+                seconds = time.perf_counter() - t0
+                tally = out[kind(i)]
+                tally.tokens += len(g.token_ids)
+                tally.seconds += seconds
+                print(f"{name:5s} {group:9s} {kind(i):8s} {len(g.token_ids):4d} tokens {len(g.steps):4d} steps "
+                      f"drafted {g.stats.drafted:4d} accepted {g.stats.accepted:4d}  {len(g.token_ids) / seconds:6.1f} tok/s",
+                      flush=True)  # fmt: skip
+        print(f"{name:5s} first {out['first'].rate:6.1f}  repeat {out['repeat'].rate:6.1f}  "
+              f"control {out['control'].rate:6.1f} tok/s\n", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default=None, help="a pair from models.toml (default: the default pair)")
@@ -97,7 +124,13 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="server labels to run, separated by ';' (a diagnosis, not a report)")
     ap.add_argument("--rounds", type=int, default=1, help="run every server this many times, in turn; the table "
                     "gives each figure's median over the rounds (this machine's speed drifts between servers)")
+    ap.add_argument("--in-process", default=None, metavar="DRAFTERS",
+                    help="instead of servers: the workload through the Python API, once per drafter (none, ngram, "
+                         "auto; comma-separated), one line per request with its steps and drafts (a diagnosis)")
     args = ap.parse_args()
+    if args.in_process:
+        in_process(args.pair, args.in_process.split(","), args.max_tokens)
+        return
     extra = args.pool_args.split()
     target, draft = pair_files(args.pair)
     pair = ["--pair", args.pair] if args.pair else []
