@@ -1,6 +1,6 @@
 """Show that the sampling distribution test can fail: plant the classic bug and run it.
 
-    .venv/bin/python -m benchmarks.planted_bug [-n 1200] [--drafter model|ngram|auto]
+    .venv/bin/python -m benchmarks.planted_bug [-n 1200] [--drafter model|ngram|auto]  (auto: with token-pool drafts in the mix)
 
 Runs tests/distribution.py's chi-square harness twice on the real models: once
 with the engine as it is, once with the residual replaced by p itself (resampling
@@ -38,7 +38,7 @@ def main() -> int:
     elif args.drafter == "ngram":
         drafter, text = NgramDrafter(2, 4), distribution.NGRAM_PROMPT
     else:
-        drafter, text = auto_drafter(Model(packaged.derived_draft(target_path, "Q2_K"), n_ctx=512, n_threads=2))
+        drafter, text = auto_drafter(target, Model(packaged.derived_draft(target_path, "Q2_K"), n_ctx=512, n_threads=2))
     ok = distribution.run(target, drafter, args.samples, text=text)
     real_residual = sampling.residual
     sampling.residual = lambda p, q: p  # the planted bug
@@ -49,11 +49,26 @@ def main() -> int:
     return report(("correct residual", ok), ("planted bug (resample from p)", bad))
 
 
-def auto_drafter(draft: Model) -> tuple[Drafter, str]:
-    """The auto drafter switching between the draft model and the n-gram lookup (tests/test_distribution.py's
-    fake-model test, here on the real models): verification cheap, a draft token at 0.35 target tokens."""
+def auto_drafter(target: Model, draft: Model) -> tuple[Drafter, str]:
+    """The auto drafter switching between the draft model and the n-gram lookup with a token pool
+    (tests/test_distribution.py's fake-model test, here on the real models): verification cheap, a draft
+    token at 0.35 target tokens. The pool holds the prompt and 8 tokens the target sampled after it (the
+    first one not its most likely), so its match (the whole prompt) beats the context's and it drafts at
+    the first step, other tokens than the context's lookup would."""
+    import numpy as np
+
     from specdec_cli.engine.drafters.auto import AutoDrafter, AutoState
+    from specdec_cli.engine.drafters.pool import TokenPool
     from specdec_cli.engine.estimates import BatchCosts
+
+    earlier, rng = target.tokenize(distribution.NGRAM_PROMPT, add_special=True, parse_special=True), np.random.default_rng(0)
+    for i in range(8):
+        dist = distribution.target_dist(target, earlier)
+        if i == 0:  # an earlier text that went another way than the context's lookup (" cat") proposes
+            del dist[max(dist, key=lambda t: dist[t])]
+        earlier.append(int(rng.choice(list(dist), p=np.array(list(dist.values())) / sum(dist.values()))))
+    pool = TokenPool()
+    pool.add(earlier)
 
     class Frozen(BatchCosts):
         def observe(self, batch: int, seconds: float) -> None:
@@ -66,7 +81,7 @@ def auto_drafter(draft: Model) -> tuple[Drafter, str]:
 
     state = AutoState(costs=Frozen({b: 1 + 0.1 * (b - 1) for b in range(1, 10)}, 1.0))
     state.draft_token_seconds = 0.35
-    return Auto(NgramDrafter(2, 4), ModelDrafter(draft, window=64), 2, state), distribution.NGRAM_PROMPT
+    return Auto(NgramDrafter(2, 4, pool=pool), ModelDrafter(draft, window=64), 2, state), distribution.NGRAM_PROMPT
 
 
 def report(*runs: tuple[str, list[distribution.ChiSquare]]) -> int:
