@@ -7,11 +7,13 @@ cost tables the controller learns are the ones given here.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
+from specdec_cli.engine.drafters import DraftRequest, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import RETRY_SHARE, AutoDrafter, AutoState
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, best_length, perfect_speedup
 from specdec_cli.engine.events import DrafterDropped
+from specdec_cli.engine.sampling import SamplerSettings
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import Stats
@@ -175,3 +177,22 @@ def test_without_calibration_it_times_a_plain_decode_before_drafting() -> None:
     # here: the fake's text cycles) tries a few sizes until they are measured.
     assert stats.plain_steps >= stats.steps - 8, stats.by_drafter
     assert not any(s.drafted for s in res.steps[-25:]), [len(s.drafted) for s in res.steps]
+
+
+def test_a_model_step_after_other_steps_pays_its_share_of_the_catch_up() -> None:
+    """After lookup or plain steps the draft's cache is behind: the model step that follows first decodes
+    what they produced. That cost, spread over the model steps that usually follow one another, is priced:
+    far behind with an expensive catch-up, a plain decode wins; one token behind, the model does."""
+    target = FakeModel(V, 512, seed=4, **CHEAP)
+    draft = FakeModel(V, 512, seed=4, noise=0.1, call_cost=0.1, token_cost=0.01)
+    state = state_for(target, draft)
+    state.draft_batch_token_seconds = 0.5 * (target.call_cost + target.token_cost)  # half a target token each
+    state.model_run = 2.0
+    auto = AutoDrafter(NgramDrafter(1, 3), ModelDrafter(draft, window=64), 8, state)
+    text = [int(t) for t in np.random.default_rng(1).integers(7, V, 60)]  # nothing for the lookup to copy
+    auto.begin(text[:20])
+    req = DraftRequest(text, 4, SamplerSettings(temperature=0.0), np.random.default_rng(0), frozenset())
+    assert auto.propose(req).source != "model"  # 41 tokens behind: a share of 10 target tokens
+    assert auto._catch_up_share(len(text)) == pytest.approx(41 * 0.5 / 2.0)
+    auto.begin(text[:-1])  # caught up but for the last token
+    assert auto.propose(req).source == "model"

@@ -195,9 +195,10 @@ class BatchCosts:
             self._relative[s] = floor
 
 
-def step_speedup(expected: float, k: int, draft_cost: float, costs: BatchCosts) -> float:
-    """E(K) / (K c_d + c_v(K+1)): one step's tokens per unit of time, over a plain decode's."""
-    return expected / (k * draft_cost + costs.relative(k + 1))
+def step_speedup(expected: float, k: int, draft_cost: float, costs: BatchCosts, fixed: float = 0.0) -> float:
+    """E(K) / (K c_d + c_v(K+1) + fixed): one step's tokens per unit of time, over a plain decode's
+    (`fixed`: a cost the step pays whatever K, in target tokens)."""
+    return expected / (k * draft_cost + costs.relative(k + 1) + fixed)
 
 
 # Drafting must be predicted to beat a plain decode by this much: the estimates are noisy,
@@ -206,7 +207,8 @@ MIN_GAIN = 1.05
 
 
 def best_length(
-    acc: Acceptance, costs: BatchCosts, k_max: int, draft_cost: float = 0.0, min_gain: float = MIN_GAIN
+    acc: Acceptance, costs: BatchCosts, k_max: int, draft_cost: float = 0.0, min_gain: float = MIN_GAIN,
+    fixed: float = 0.0,
 ) -> tuple[int, float]:
     """(K, predicted speedup over a plain decode) maximising E(K) / (K c_d + c_v(K+1)); K = 0, a plain
     decode (1.0), unless some K is predicted to beat it by `min_gain`."""
@@ -214,7 +216,7 @@ def best_length(
     expected = 1.0
     for k, p in enumerate(acc.p_run(k_max), start=1):
         expected += p
-        value = step_speedup(expected, k, draft_cost, costs)
+        value = step_speedup(expected, k, draft_cost, costs, fixed)
         if value > best:
             best_k, best = k, value
     return (best_k, best) if best_k else (0, 1.0)

@@ -44,6 +44,7 @@ from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried
 RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model
 MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verified step
+RUN_PRIOR = 4.0  # draft-model steps assumed to follow one another, before any run is measured
 
 
 @dataclass
@@ -62,6 +63,9 @@ class AutoState:
     # this run's timings, so the same seed gives the same text (timings differ run to run).
     learn_costs: bool = True
     budget: float = 0.0  # seconds of retry cost the generation time so far allows
+    # How many draft-model steps follow one another (moving average): a catch-up after lookup or plain
+    # steps is paid once and repaid over that many steps.
+    model_run: float = RUN_PRIOR
     draft_samples: RecentMedian = field(default_factory=RecentMedian)
     batch_samples: RecentMedian = field(default_factory=RecentMedian)
 
@@ -95,6 +99,7 @@ class AutoDrafter:
         self._choice = ""
         self._note: str | None = None
         self._model_at = 0
+        self._run = 0
 
     def decode_seconds(self) -> float:
         return self._loaded.decode_seconds() if self._loaded else 0.0  # a dropped model's time still counts
@@ -105,6 +110,7 @@ class AutoDrafter:
         self.shadow.clear()
         self._note = None
         self._model_at = 0  # context tokens the draft model's cache holds (at most)
+        self._run = 0  # model steps in a row so far
         if self.model is None:
             return
         if not self._model_could_pay():
@@ -136,7 +142,11 @@ class AutoDrafter:
                 s.paused, note = False, f"draft model resumed: {v_m:.2f}x predicted"
             elif not pays and not s.paused:
                 s.paused, s.budget, note = True, 0.0, self._pause_reason(min(req.k, self.model_k_max))
-            if pays and v_m > value:
+            if pays:
+                share = self._catch_up_share(len(req.context))
+                if share:
+                    k_m, v_m = self._model_value(min(req.k, self.model_k_max), share)
+            if pays and k_m and v_m > value:
                 choice, value = MODEL, v_m
             elif s.paused and choice == "plain" and self._retry_due(min(req.k, self.model_k_max), len(req.context)):
                 k_m = max(1, k_m)
@@ -160,6 +170,10 @@ class AutoDrafter:
         self.shadow.score(outcome.context)
         if self._choice == MODEL and n:
             s.model.observe(n, outcome.n_accepted)
+        if self._choice == MODEL:
+            self._run += 1
+        elif self._run:  # a run of model steps ended: how long such runs last prices the next catch-up
+            s.model_run, self._run = 0.8 * s.model_run + 0.2 * self._run, 0
         self.ngram.accept(outcome)
 
     # ------------------------------------------------------------ the model
@@ -167,13 +181,31 @@ class AutoDrafter:
         cd = self.state.draft_cost()
         return cd is None or perfect_speedup(self.state.costs, self.model_k_max, cd)[1] > 1.0
 
-    def _model_value(self, k: int) -> tuple[int, float]:
+    def _model_value(self, k: int, fixed: float = 0.0) -> tuple[int, float]:
         if self.model is None:
             return 0, 0.0
         cd = self.state.draft_cost()
         if cd is None:
             cd = 0.0  # not measured yet: the first model step measures it
-        return best_length(self.state.model, self.state.costs, k, cd)
+        return best_length(self.state.model, self.state.costs, k, cd, fixed=fixed)
+
+    def _catch_up_seconds(self, context_len: int) -> float:
+        """What bringing the draft's cache up to the context costs: one batch of at most WINDOW tokens."""
+        s = self.state
+        behind = max(1, min(WINDOW, context_len - self._model_at))
+        if s.draft_batch_token_seconds is not None:
+            return s.draft_batch_token_seconds * behind
+        # not measured yet: a batch scales as the target's batches do on this machine
+        return (s.draft_token_seconds or s.costs.one or 0.0) * s.costs.relative(behind)
+
+    def _catch_up_share(self, context_len: int) -> float:
+        """A model step after lookup or plain steps first catches the draft up on what they produced:
+        its share of that cost, in target tokens, spread over the model steps that usually follow.
+        One or two tokens behind is every model step's own (counted in the draft's cost per token)."""
+        one = self.state.costs.one
+        if context_len - self._model_at <= 2 or not one:
+            return 0.0
+        return self._catch_up_seconds(context_len) / one / max(1.0, self.state.model_run)
 
     def _model_speedup(self, k: int) -> float:
         s = self.state
@@ -195,11 +227,7 @@ class AutoDrafter:
         most WINDOW tokens) and the step's loss against a plain decode."""
         s = self.state
         one = s.costs.one or 0.0
-        behind = max(1, min(WINDOW, context_len - self._model_at))
-        if s.draft_batch_token_seconds is not None:
-            catch_up = s.draft_batch_token_seconds * behind
-        else:  # not measured yet: a batch scales as the target's batches do on this machine
-            catch_up = (s.draft_token_seconds or one) * s.costs.relative(behind)
+        catch_up = self._catch_up_seconds(context_len)
         cd = s.draft_cost() or 1.0
         loss = max(0.0, (k * cd + s.costs.relative(k + 1)) - s.model.expected(k)) * one
         return catch_up + loss
