@@ -210,8 +210,8 @@ def best_length(
     acc: Acceptance, costs: BatchCosts, k_max: int, draft_cost: float = 0.0, min_gain: float = MIN_GAIN,
     fixed: float = 0.0,
 ) -> tuple[int, float]:
-    """(K, predicted speedup over a plain decode) maximising E(K) / (K c_d + c_v(K+1)); K = 0, a plain
-    decode (1.0), unless some K is predicted to beat it by `min_gain`."""
+    """(K, predicted speedup over a plain decode) maximising E(K) / (K c_d + c_v(K+1) + fixed); K = 0, a
+    plain decode (1.0), unless some K is predicted to beat it by `min_gain`."""
     best_k, best = 0, min_gain
     expected = 1.0
     for k, p in enumerate(acc.p_run(k_max), start=1):

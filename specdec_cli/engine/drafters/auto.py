@@ -189,10 +189,10 @@ class AutoDrafter:
             cd = 0.0  # not measured yet: the first model step measures it
         return best_length(self.state.model, self.state.costs, k, cd, fixed=fixed)
 
-    def _catch_up_seconds(self, context_len: int) -> float:
+    def _catch_up_seconds(self, behind: int) -> float:
         """What bringing the draft's cache up to the context costs: one batch of at most WINDOW tokens."""
         s = self.state
-        behind = max(1, min(WINDOW, context_len - self._model_at))
+        behind = max(1, min(WINDOW, behind))
         if s.draft_batch_token_seconds is not None:
             return s.draft_batch_token_seconds * behind
         # not measured yet: a batch scales as the target's batches do on this machine
@@ -202,10 +202,10 @@ class AutoDrafter:
         """A model step after lookup or plain steps first catches the draft up on what they produced:
         its share of that cost, in target tokens, spread over the model steps that usually follow.
         One or two tokens behind is every model step's own (counted in the draft's cost per token)."""
-        one = self.state.costs.one
-        if context_len - self._model_at <= 2 or not one:
+        one, behind = self.state.costs.one, context_len - self._model_at
+        if behind <= 2 or not one:
             return 0.0
-        return self._catch_up_seconds(context_len) / one / max(1.0, self.state.model_run)
+        return self._catch_up_seconds(behind) / one / max(1.0, self.state.model_run)
 
     def _model_speedup(self, k: int) -> float:
         s = self.state
@@ -227,7 +227,7 @@ class AutoDrafter:
         most WINDOW tokens) and the step's loss against a plain decode."""
         s = self.state
         one = s.costs.one or 0.0
-        catch_up = self._catch_up_seconds(context_len)
+        catch_up = self._catch_up_seconds(context_len - self._model_at)
         cd = s.draft_cost() or 1.0
         loss = max(0.0, (k * cd + s.costs.relative(k + 1)) - s.model.expected(k)) * one
         return catch_up + loss
