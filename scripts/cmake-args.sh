@@ -8,7 +8,9 @@
 # summation order than single-token decoding; speculative verification decodes
 # batches, so it would change greedy output. Without it, batched and single
 # logits are bit-identical (tests/test_engine.py checks this).
-ARGS="-DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+# GGML_RPC=ON: the RPC backend (client and server) in the same libraries, so
+# `specdec rpc-server` and `--rpc` speak exactly the bindings' protocol version.
+ARGS="-DGGML_RPC=ON -DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 if [ "$(uname -m)" = "x86_64" ] && [ -r /proc/cpuinfo ]; then
   FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
   has() { [[ "$FLAGS" == *" $1 "* ]]; }

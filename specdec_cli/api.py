@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.engine import native, prompting
+from specdec_cli.engine import native, prompting, rpc
 from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
@@ -52,7 +52,7 @@ from specdec_cli.engine.settings import (
     check_load,
 )
 from specdec_cli.engine.speculative import SpeculativeGenerator
-from specdec_cli.errors import PoolFileError, UsageError
+from specdec_cli.errors import PoolFileError, RpcError, UsageError
 from specdec_cli.generation import Chunk, Generation, GenerationRun, Message, Prompt, PromptTokens
 from specdec_cli.models import loading
 
@@ -74,8 +74,10 @@ class Speculator:
         cross: bool = False,
         parallel: int = 1,
         pool: TokenPool | None = None,
+        loader: loading.Loader | None = None,
     ) -> None:
         self.choice = choice
+        self._loader = loader  # to open a model again after its RPC server came back
         self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch/)
         self._engine: BatchEngine | None = None
         self._engine_lock = threading.Lock()
@@ -96,12 +98,76 @@ class Speculator:
         self._gate = CostGate()  # what --drafter ngram's cost gate learned, kept across generations
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
+        self.rpc_lost: rpc.Loss | None = None  # an RPC server stopped answering; the next start connects again
+        self._rpc_lock = threading.Lock()
+        self._unlisten = rpc.listen(self._on_rpc_lost) if self.endpoints else None
+
+    # ------------------------------------------------------------- RPC servers
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The RPC servers the models are on (none: both local)."""
+        out: list[str] = []
+        for m in (self.target, self.draft):
+            place = m.placement if m is not None else None
+            if place is not None:
+                out += [e for e in place.endpoints if e not in out]
+        return tuple(out)
+
+    @property
+    def where(self) -> dict[str, Any]:
+        """Where each model runs: "local", or MiB of its weights per RPC server (and here)."""
+        out: dict[str, Any] = {}
+        for role, m in (("target", self.target), ("draft", self.draft)):
+            if m is not None:
+                out[role] = "local" if m.placement is None else {k: round(v, 1) for k, v in m.where.items()}
+        return out
+
+    def _on_rpc_lost(self, loss: rpc.Loss) -> None:
+        """From llama.cpp's dispatcher thread: a server stopped answering. Every model on RPC servers is
+        abandoned and its connections cut (a live server then frees what it held for us); a batch engine's
+        generations end; the next `start` connects again."""
+        mine = self.endpoints
+        if not set(loss.endpoints) & set(mine):
+            return
+        with self._rpc_lock:
+            if self.rpc_lost is not None:
+                return
+            self.rpc_lost = loss
+        for m in (self.target, self.draft):
+            if m is not None and m.placement is not None:
+                m.abandon()
+        rpc.cut_connections(mine)
+        for e in mine:
+            rpc.retire(e)
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.fail_all(RpcError(loss.reason()))
+
+    def _reconnect(self) -> None:
+        """After a lost server: connect again if every server answers (RpcError otherwise)."""
+        loss, loader = self.rpc_lost, self._loader
+        assert loss is not None and loader is not None
+        for e in (loader.placement.endpoints if loader.placement else ()) + (
+                loader.draft_placement.endpoints if loader.draft_placement else ()):  # fmt: skip
+            try:
+                rpc.probe(e)
+            except RpcError as exc:
+                raise RpcError(f"{loss.reason()} during an earlier generation; now {exc}") from None
+        if loader.placement is not None:
+            self.target = loader.target()
+        if self.draft is not None and loader.draft_placement is not None:
+            self.draft = loader.draft(self.cross)
+        self._auto = None if loader.draft_placement is not None else self._auto  # a new draft: calibrate again
+        self.rpc_lost = None
 
     # ------------------------------------------------------------- facts
     @property
-    def models(self) -> dict[str, str | None]:
+    def models(self) -> dict[str, Any]:
         c = self.choice
-        return {"target": str(c.target), "draft": str(c.draft) if c.draft else None, "pair": c.pair}
+        out: dict[str, Any] = {"target": str(c.target), "draft": str(c.draft) if c.draft else None, "pair": c.pair}
+        if self.endpoints:
+            out["where"] = self.where  # MiB of weights per RPC server (and "local": here)
+        return out
 
     @property
     def n_ctx(self) -> int:
@@ -137,6 +203,10 @@ class Speculator:
         **overrides: Any,
     ) -> GenerationRun:
         """Begin a generation; keyword overrides are `GenerateOptions` fields."""
+        if self.rpc_lost is not None:
+            with self._rpc_lock:
+                if self.rpc_lost is not None:
+                    self._reconnect()
         try:
             opts = dataclasses.replace(options or GenerateOptions(), **overrides)
         except TypeError as exc:
@@ -149,14 +219,16 @@ class Speculator:
         if self.parallel > 1:
             job = BatchJob(tokens.ids, config, kind, should_stop=lambda: run._should_stop(), k_max=config.k_max)
             run = GenerationRun(job, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
-                                on_draft_dropped=self._draft_dropped, on_finished=self._remember)  # fmt: skip
+                                on_draft_dropped=self._draft_dropped, on_finished=self._remember,
+                                endpoints=self.endpoints)  # fmt: skip
             self.batch_engine().submit(job)
             return run
         gen = SpeculativeGenerator(self.target, self._make_drafter(kind, config), tokens.ids, config,
                                    should_stop=lambda: run._should_stop())  # fmt: skip
         run = GenerationRun(gen, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
                             lock=self._lock, n_cached=self.target.common_prefix(gen.prompt),
-                            on_draft_dropped=self._draft_dropped, on_finished=self._remember)  # fmt: skip
+                            on_draft_dropped=self._draft_dropped, on_finished=self._remember,
+                            endpoints=self.endpoints)  # fmt: skip
         return run
 
     def generate(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Generation:
@@ -292,6 +364,8 @@ class Speculator:
         return n
 
     def close(self) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
         try:
             if self.pool is not None and self.pool_file is not None:
                 try:
@@ -331,6 +405,9 @@ def load(
     open_model: ModelOpener | None = None,
     pool_mb: float = DEFAULT_POOL_MB,
     ngram_cache: str | os.PathLike[str] | None = None,
+    rpc_servers: str | Sequence[str] | None = None,
+    draft_rpc: str | Sequence[str] | None = None,
+    tensor_split: Sequence[float] | None = None,
 ) -> Speculator:
     """Load a target and its drafter.
 
@@ -349,6 +426,12 @@ def load(
     `pool_mb` bounds the token pool: earlier prompts and outputs the n-gram lookup (and so `auto`) drafts
     from, shared by every generation of this Speculator (0: none; engine/drafters/pool.py). `ngram_cache`
     is a file the pool is read from now (when it exists) and saved to at `close()`, atomically.
+
+    `rpc_servers` ("HOST:PORT,..." or a list): the target's layers go to those llama.cpp RPC servers
+    (`specdec rpc-server`), split by their free memory or by `tensor_split` (one share per server); the
+    draft stays here unless `draft_rpc` names servers for it. A server that stops answering mid-generation
+    ends that generation with what it produced (`stop_reason` "rpc", `error` says which server); the next
+    generation connects again, or raises `RpcError` while the server is still away.
 
     `open_model` opens the model files (default: llama.cpp; tests pass a fake, tests/fakes.py).
     """
@@ -370,13 +453,18 @@ def load(
         warnings.append(f"--threads {n_threads} is more than the {cores} cores this process may use: using {cores}")
         n_threads = cores
     native.set_verbose(verbose)
-    t, d, cross = loading.load_pair(
-        choice, n_ctx=n_ctx, n_threads=n_threads, gpu_layers=n_gpu_layers, draft_gpu_layers=draft_gpu_layers,
-        n_seq=parallel, opener=open_model,
-    )
+    placement = rpc.Placement(rpc.parse_endpoints(rpc_servers), tuple(tensor_split or ())) if rpc_servers else None
+    if tensor_split and placement is None:
+        raise UsageError("--tensor-split shares the target's layers between --rpc servers: give --rpc too")
+    draft_placement = rpc.Placement(rpc.parse_endpoints(draft_rpc, "--draft-rpc")) if draft_rpc else None
+    if draft_placement is not None and choice.draft is None:
+        raise UsageError("--draft-rpc places the draft model, and this run has none: drop --draft-rpc")
+    loader = loading.Loader(choice, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, parallel, open_model,
+                            placement, draft_placement)  # fmt: skip
+    t, d, cross = loading.load_pair(loader)
     pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
-                      pool=pool)  # fmt: skip
+                      pool=pool, loader=loader)  # fmt: skip
     if ngram_cache is not None:
         try:
             spec.open_pool_file(ngram_cache)

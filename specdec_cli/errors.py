@@ -72,6 +72,16 @@ class PoolFileError(SpecdecError):
     """A token pool file (`--ngram-cache`) that is damaged, or was saved for another vocabulary."""
 
 
+class RpcError(SpecdecError):
+    """An RPC server (`--rpc`) that cannot be reached, speaks another protocol, runs inexact kernels, ran
+    out of memory, or stopped answering: the message names the endpoint. The server answers 503: the fault
+    is elsewhere, and a later request may succeed once the RPC server is back."""
+
+    http_status = 503
+    http_type = "server_error"
+    http_code = "rpc_server_unavailable"
+
+
 class InternalError(SpecdecError):
     """A bug met while generating (a 500 in the server), as opposed to the request's own fault."""
 

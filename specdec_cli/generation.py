@@ -3,17 +3,20 @@ finished (`Generation`, whose `to_json` is `specdec run --json`)."""
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specdec_cli.engine import rpc
 from specdec_cli.engine.batch.slots import BatchJob
 from specdec_cli.engine.events import DrafterDropped, Event, Step
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import RunStats, Stats
-from specdec_cli.errors import UsageError
+from specdec_cli.errors import RpcError, UsageError
 
+LOST = "rpc"  # the stop reason of a generation whose RPC server stopped answering
 Message = Mapping[str, str]
 Prompt = str | Sequence[Message]
 
@@ -24,15 +27,17 @@ class Generation:
 
     text: str
     token_ids: list[int]
-    stop_reason: str  # "eos", "length", "context", "interrupted"
+    stop_reason: str  # "eos", "length", "context", "interrupted", "rpc" (an RPC server stopped answering)
     n_prompt_tokens: int
     stats: RunStats
     models: dict[str, str | None]
     settings: dict[str, Any]
     steps: tuple[Step, ...] = ()
+    error: str | None = None  # why it ended early, when it was a fault (stop_reason "rpc")
 
     def to_json(self) -> dict[str, Any]:
         """The object `specdec run --json` prints."""
+        extra = {"error": self.error} if self.error else {}
         return {
             "text": self.text,
             "token_ids": self.token_ids,
@@ -42,6 +47,7 @@ class Generation:
             "models": self.models,
             "settings": self.settings,
             "stats": self.stats.as_dict(),
+            **extra,
         }
 
 
@@ -71,10 +77,13 @@ class GenerationRun:
     def __init__(self, gen: SpeculativeGenerator | BatchJob, settings: dict[str, Any], cancel: Any, *,
                  models: dict[str, str | None], lock: threading.Lock | None = None, n_cached: int = 0,
                  on_draft_dropped: Callable[[str], None] | None = None,
-                 on_finished: Callable[[Sequence[int], Sequence[int]], None] | None = None) -> None:  # fmt: skip
+                 on_finished: Callable[[Sequence[int], Sequence[int]], None] | None = None,
+                 endpoints: Sequence[str] = ()) -> None:  # fmt: skip
         """`lock`: held while events are read (one generation at a time per loaded pair), none for a batch
         job; `n_cached`: prompt tokens the target's cache held (a batch job knows once it has a slot);
-        `on_finished(prompt, output)`: called once the events are read to the end (the token pool)."""
+        `on_finished(prompt, output)`: called once the events are read to the end (the token pool);
+        `endpoints`: the RPC servers the models are on (the engine then steps in a thread of its own, so
+        that a server that stops answering ends the generation instead of blocking the caller for good)."""
         self._gen = gen
         self._settings = settings
         self._external = cancel
@@ -83,7 +92,9 @@ class GenerationRun:
         self._n_cached = n_cached
         self._on_draft_dropped = on_draft_dropped
         self._on_finished = on_finished
+        self._endpoints = tuple(endpoints)
         self._cancelled = threading.Event()
+        self.error: str | None = None
         self.stats = Stats()
 
     @property
@@ -110,15 +121,64 @@ class GenerationRun:
                 "(load it with parallel=N for several at once)"
             )
         try:
-            for ev in self._gen.events():
-                self.stats.observe(ev)
-                if isinstance(ev, DrafterDropped) and self._on_draft_dropped is not None:  # only a draft model is
-                    self._on_draft_dropped(ev.reason)
-                yield ev
+            source = self._gen.events()
+            if self._endpoints and not isinstance(self._gen, BatchJob):  # a batch job has its engine's thread
+                source = self._isolated(source)
+            try:
+                for ev in source:
+                    self.stats.observe(ev)
+                    if isinstance(ev, DrafterDropped) and self._on_draft_dropped is not None:  # only a draft model is
+                        self._on_draft_dropped(ev.reason)
+                    yield ev
+            except RpcError as exc:  # a server stopped answering: the generation ends with what it produced
+                self.error = str(exc)
+                self._gen.result.stop_reason = LOST
+                return
             if self._on_finished is not None:
                 self._on_finished(self._gen.prompt, self._gen.result.token_ids)
         finally:
             lock.release()
+
+    def _isolated(self, source: Iterator[Event]) -> Iterator[Event]:
+        """`source` stepped by a thread of its own. When an RPC server it uses stops answering, that thread
+        stays blocked inside llama.cpp for good (engine/rpc.py); this one raises RpcError instead."""
+        items: queue.Queue[Any] = queue.Queue()
+        done = object()
+        endpoints = set(self._endpoints)
+
+        def pump() -> None:
+            try:
+                for ev in source:
+                    items.put(ev)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+                items.put(exc)
+            items.put(done)
+
+        def on_loss(loss: rpc.Loss) -> None:
+            if endpoints & set(loss.endpoints) or not loss.endpoints:
+                items.put(RpcError(loss.reason()))
+
+        unsubscribe = rpc.listen(on_loss)
+        thread = threading.Thread(target=pump, name="specdec-generation", daemon=True)
+        thread.start()
+        lost = False
+        try:
+            while True:
+                item = items.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    lost = isinstance(item, RpcError)
+                    raise item
+                yield item
+        finally:
+            unsubscribe()
+            if not lost and thread.is_alive():  # the caller stopped reading: stop the engine at its next step
+                self._cancelled.set()
+                while thread.is_alive():
+                    thread.join(0.1)
+                    if not items.empty() and any(isinstance(i, RpcError) for i in list(items.queue)):
+                        break  # lost while stopping: that thread will not come back
 
     @property
     def generation(self) -> Generation:
@@ -132,4 +192,5 @@ class GenerationRun:
             models=self._models,
             settings=self._settings,
             steps=tuple(res.steps),
+            error=self.error,
         )

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
+from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
 
@@ -157,8 +158,12 @@ class FakeGGUF(FakeModel):
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_gpu_layers: int = 0, n_batch: int = 256, vocab_only: bool = False, n_seq: int = 1,
-                 unified: bool = False) -> None:  # fmt: skip
+                 unified: bool = False, placement: Placement | None = None) -> None:  # fmt: skip
+        if placement is not None:
+            raise NotImplementedError("a fake model has no RPC placement: RPC is tested with real models")
         self.path = Path(path)
+        self.placement: Placement | None = None
+        self.where: dict[str, float] = {}
         noise = 0.25 * (zlib.crc32(self.path.name.encode()) % 5 + 1) / 5
         super().__init__(N_BYTES + len(SPECIALS), n_ctx, seed=7, window=WINDOW, scale=4.0, noise=noise,
                          noise_seed=zlib.crc32(self.path.name.encode()), eog=(N_BYTES + 1,), name=self.path.name,
@@ -168,6 +173,9 @@ class FakeGGUF(FakeModel):
         self.tokens = self.seq_tokens[0]
         self.warnings: list[str] = []
         self.closed = False
+
+    def abandon(self) -> None:  # never placed on an RPC server
+        raise NotImplementedError
 
     def logits_after(self, context: Sequence[int]) -> np.ndarray:
         row = super().logits_after(context).copy()

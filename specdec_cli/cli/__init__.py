@@ -16,7 +16,7 @@ import typer
 import typer.core
 
 from specdec_cli import __version__
-from specdec_cli.cli import bench, chat, models, ngram_cache, pair_check, run, serve
+from specdec_cli.cli import bench, chat, models, ngram_cache, pair_check, rpc_server, run, serve
 from specdec_cli.errors import ExitCode
 
 
@@ -62,6 +62,7 @@ app.command("pair-check")(pair_check.pair_check)
 app.command("chat")(chat.chat)
 app.command("bench")(bench.bench)
 app.command("serve")(serve.serve)
+app.command("rpc-server")(rpc_server.rpc_server)
 app.add_typer(models.app)
 app.add_typer(ngram_cache.app)
 

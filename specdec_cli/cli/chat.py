@@ -16,6 +16,7 @@ from specdec_cli.cli.options import (
     SystemOpt,
     generate_kwargs,
     load,
+    placement_note,
     with_options,
 )
 from specdec_cli.cli.output import Output
@@ -55,7 +56,7 @@ def chat(
                 else f"none ({NONE.label})"
             )
             out.err.write(
-                f"specdec chat: target {c.target.name}, draft {draft_name}. "
+                f"specdec chat: target {c.target.name}, draft {draft_name}{placement_note(spec)}. "
                 "/help for commands, /exit or Ctrl-D to leave.\n"
             )
             reader = repl.LineReader(sys.stdin, Path(user_data_dir("specdec")) / "chat_history")

@@ -153,6 +153,32 @@ class RuntimeOptions:
     verbose: Annotated[
         bool, typer.Option("--verbose", help="Show llama.cpp's own log.", rich_help_panel="Runtime")
     ] = False
+    rpc: Annotated[
+        str | None,
+        typer.Option("--rpc", metavar="HOST:PORT[,...]", help="Put the target's layers on these llama.cpp RPC "
+                     "servers (`specdec rpc-server` on each machine); the draft stays here.",
+                     rich_help_panel="Distributed"),
+    ] = None
+    draft_rpc: Annotated[
+        str | None,
+        typer.Option("--draft-rpc", metavar="HOST:PORT[,...]", help="Put the draft model's layers on these RPC "
+                     "servers too (default: local).", rich_help_panel="Distributed"),
+    ] = None
+    tensor_split: Annotated[
+        str | None,
+        typer.Option("--tensor-split", metavar="SHARES", help="The target's layers per --rpc server, as shares "
+                     "(3,1: three quarters on the first); default: by each server's free memory.",
+                     rich_help_panel="Distributed"),
+    ] = None
+
+    def rpc_kwargs(self) -> dict[str, Any]:
+        """The API's RPC arguments for these options (nothing when --rpc and --draft-rpc are not given)."""
+        from specdec_cli.engine.rpc import parse_split
+
+        split = parse_split(self.tensor_split)
+        if not (self.rpc or self.draft_rpc or split):
+            return {}
+        return {"rpc_servers": self.rpc, "draft_rpc": self.draft_rpc, "tensor_split": split or None}
 
 
 # Single options more than one command takes (each command picks its own default).
@@ -186,12 +212,27 @@ def load(
         ngram_cache=ngram.ngram_cache,
         verbose=runtime.verbose,
         parallel=parallel,
+        **runtime.rpc_kwargs(),
     )
     for message in spec.warnings:
         warning(message)
     for message in spec.notes:
         sys.stderr.write(f"Note: {message}\n")
     return spec
+
+
+def placement_note(spec: Speculator) -> str:
+    """Where the models run, for a title: "" when both are local."""
+    if not spec.endpoints:
+        return ""
+    parts = []
+    for role, where in spec.where.items():
+        if where == "local":
+            parts.append(f"{role} local")
+        else:
+            parts.append(f"{role} on " + ", ".join(f"{'here' if k == 'local' else k} {v:.0f} MiB"
+                                                   for k, v in where.items()))  # fmt: skip
+    return "; " + "; ".join(parts)
 
 
 def with_options(fn: F) -> F:

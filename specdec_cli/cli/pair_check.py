@@ -63,6 +63,7 @@ def pair_check(
                 n_gpu_layers=runtime.gpu_layers,
                 draft_gpu_layers=runtime.draft_gpu_layers,
                 verbose=runtime.verbose,
+                **runtime.rpc_kwargs(),
             ) as spec:
                 probe_result = probe_mod.run_probe(spec)
 

@@ -18,11 +18,12 @@ from specdec_cli.cli.options import (
     SystemOpt,
     generate_kwargs,
     load,
+    placement_note,
     with_options,
 )
 from specdec_cli.cli.output import Output, read_prompt
 from specdec_cli.engine.settings import NONE
-from specdec_cli.errors import ExitCode
+from specdec_cli.errors import ExitCode, RpcError
 
 ChatOpt = Annotated[
     bool | None,
@@ -63,7 +64,7 @@ def run(
         with load(models, runtime, ngram, drafting.kind) as spec:
             gen = spec.start(text, options)
             title = f"speculation ({spec.drafter} drafter)" if spec.drafter != NONE else NONE.label
-            renderer = out.generation(title)
+            renderer = out.generation(title + placement_note(spec))
             renderer.start()
             interrupted = False
             try:
@@ -72,5 +73,7 @@ def run(
             except KeyboardInterrupt:
                 interrupted = True
             renderer.finish(gen.generation, gen.stats)
+            if gen.error:
+                raise RpcError(f"{gen.error}: the output ends there")
     if interrupted:
         raise typer.Exit(ExitCode.INTERRUPTED)

@@ -22,6 +22,7 @@ from specdec_cli.cli.options import (
     SamplingOptions,
     generate_kwargs,
     load,
+    placement_note,
     with_options,
 )
 from specdec_cli.cli.output import Output
@@ -85,7 +86,8 @@ def serve(
             bound = sock.getsockname()[1]
             drafter = spec.drafter if spec.drafter != NONE else f"none ({NONE.label})"
             out.err.write(
-                f"specdec serve: {model_id} (drafter {drafter}, {parallel} slot{'s' if parallel > 1 else ''}) "
+                f"specdec serve: {model_id} (drafter {drafter}, {parallel} slot{'s' if parallel > 1 else ''}"
+                f"{placement_note(spec)}) "
                 f"on http://{host}:{bound}/v1"
                 f"{' (API key required)' if key else ''}; Ctrl-C stops\n"
             )

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec_cli.engine import rpc
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo, check_context_fits, check_gguf_file
 from specdec_cli.engine.native import (
     bindings,
@@ -27,8 +28,10 @@ from specdec_cli.engine.native import (
     install_log_callback,
     last_log_error,
     load_failure,
+    log_lines,
     usable_cores,
 )
+from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.engine.vocab import Vocab
 from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelError, UsageError
@@ -58,6 +61,7 @@ class Model:
         vocab_only: bool = False,
         n_seq: int = 1,
         unified: bool = False,
+        placement: Placement | None = None,
     ) -> None:
         self.path = check_gguf_file(path)
         install_log_callback()
@@ -73,21 +77,53 @@ class Model:
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
         self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
         self.warnings: list[str] = []  # things the user should know about how it was loaded
+        self.placement = placement if placement is not None and placement.endpoints and not vocab_only else None
+        self.where: dict[str, float] = {}  # device -> MiB of weights there, when placed on RPC servers
+        self.abandoned = False  # an RPC server it was on died: never freed (engine/rpc.py)
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
         mparams.use_extra_bufts = False  # see "Exact mode" in engine/native.py
+        keep: list[Any] = []  # what mparams points to, alive until the load is done
+        if self.placement is not None:
+            self._place(mparams, self.placement, n_gpu_layers, keep)
         clear_log()
         model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
+            if self.placement is not None:
+                rpc.using(self.placement.endpoints, -1)
+                raise rpc.RpcError(rpc.load_failure(self.path, self.placement, last_log_error()))
             raise ModelFileError(load_failure(self.path))
         self._model = model
         try:
+            if self.placement is not None:
+                self.where = rpc.weights_by_device(log_lines())
             self._init_context(n_ctx, n_threads, n_batch, vocab_only)
+            if self.placement is not None:
+                rpc.check_exact(self, self.placement)
         except BaseException:
             self.close()  # a failed load frees what it allocated, not leaving it to __del__
             raise
+
+    def _place(self, mparams: Any, placement: Placement, n_gpu_layers: int, keep: list[Any]) -> None:
+        """Every layer (or `n_gpu_layers` of them) on the RPC servers' devices, split by `tensor_split`
+        (default: llama.cpp's, by the memory each server reports free)."""
+        devs = rpc.devices(placement.endpoints)
+        arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        keep.append(arr)
+        mparams.devices = ctypes.addressof(arr)
+        mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers > 0 else 999
+        if placement.tensor_split:
+            n = int(self._C.LLAMA_MAX_DEVICES)
+            shares = list(placement.tensor_split)
+            if len(devs) != len(shares):  # a server with several devices: its share over them evenly
+                raise rpc.RpcError("--tensor-split needs one share per device; a server offers several: leave "
+                                   "--tensor-split out")  # fmt: skip
+            split = (ctypes.c_float * n)(*shares, *([0.0] * (n - len(shares))))
+            keep.append(split)
+            mparams.tensor_split = split
+        rpc.using(placement.endpoints, +1)
 
     def _init_context(self, n_ctx: int, n_threads: int | None, n_batch: int, vocab_only: bool) -> None:
         C = self._C  # noqa: N806
@@ -157,6 +193,8 @@ class Model:
 
     def _context(self) -> Any:
         if self._ctx is None:
+            if self.abandoned:
+                raise rpc.RpcError(f"{self.path.name} was on an RPC server that stopped answering: load it again")
             raise UsageError(f"{self.path.name} has been closed (or was loaded vocabulary-only)")
         return self._ctx
 
@@ -372,8 +410,18 @@ class Model:
             tokens.clear()
 
     # --------------------------------------------------------------- cleanup
+    def abandon(self) -> None:
+        """An RPC server this model is on stopped answering: freeing it would wait on that server for
+        good, so its handles are dropped unfreed (a leak, once per lost server; engine/rpc.py)."""
+        if self.placement is not None and self._model is not None:
+            rpc.using(self.placement.endpoints, -1)
+        self.abandoned = True
+        self._batch = self._ctx = self._model = None
+
     def close(self) -> None:
         C = self._C  # noqa: N806
+        if self.placement is not None and self._model is not None:
+            rpc.using(self.placement.endpoints, -1)
         if self._batch is not None:
             C.llama_batch_free(self._batch)
             self._batch = None

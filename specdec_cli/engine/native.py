@@ -82,6 +82,11 @@ def clear_log() -> None:
     _LOG_LINES.clear()
 
 
+def log_lines() -> list[str]:
+    """llama.cpp's recent log lines (since the last `clear_log`)."""
+    return list(_LOG_LINES)
+
+
 def last_log_error() -> str:
     """The most telling recent llama.cpp log line, for an error message.
 

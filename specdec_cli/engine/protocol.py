@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
+from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.specials import ControlTexts
 
 
@@ -74,6 +75,12 @@ class LoadedModel(LanguageModel, Protocol):
     n_batch: int
     seq_tokens: list[list[int]]
     warnings: list[str]
+    placement: Placement | None  # the RPC servers it is on (None: local; engine/rpc.py)
+    where: dict[str, float]  # MiB of weights per RPC server ("local": here), when placed
+
+    def abandon(self) -> None:
+        """Its RPC server stopped answering: drop the handles unfreed (engine/rpc.py)."""
+        ...
 
     def info(self) -> ModelInfo: ...
 
@@ -109,4 +116,4 @@ class ModelOpener(Protocol):
 
     def __call__(self, path: str | os.PathLike[str], *, n_ctx: int = ..., n_threads: int | None = ...,
                  n_gpu_layers: int = ..., vocab_only: bool = ..., n_seq: int = ...,
-                 unified: bool = ...) -> LoadedModel: ...  # fmt: skip
+                 unified: bool = ..., placement: Placement | None = ...) -> LoadedModel: ...  # fmt: skip

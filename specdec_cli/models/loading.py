@@ -13,6 +13,7 @@ from specdec_cli import pairs
 from specdec_cli.engine.gguf import check_gguf_file
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
+from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.settings import MODEL, NGRAM, NONE
 from specdec_cli.errors import ConfigError, IncompatiblePairError, UsageError
 from specdec_cli.models import registry
@@ -97,26 +98,47 @@ def check_pair(target: Path, draft: Path, opener: ModelOpener | None = None) -> 
     return verdict
 
 
-def load_pair(
-    choice: ModelChoice, *, n_ctx: int, n_threads: int | None, gpu_layers: int, draft_gpu_layers: int, n_seq: int = 1,
-    opener: ModelOpener | None = None,
-) -> tuple[LoadedModel, LoadedModel | None, bool]:
+@dataclass(frozen=True)
+class Loader:
+    """How a pair's models are opened (kept, so a model lost with its RPC server can be opened again)."""
+
+    choice: ModelChoice
+    n_ctx: int
+    n_threads: int | None
+    gpu_layers: int = 0
+    draft_gpu_layers: int = 0
+    n_seq: int = 1
+    opener: ModelOpener | None = None
+    placement: Placement | None = None  # the target's RPC servers (engine/rpc.py)
+    draft_placement: Placement | None = None
+
+    def target(self) -> LoadedModel:
+        open_model = self.opener or OPENER
+        return open_model(self.choice.target, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                          n_gpu_layers=self.gpu_layers, n_seq=self.n_seq, placement=self.placement)  # fmt: skip
+
+    def draft(self, cross: bool) -> LoadedModel:
+        assert self.choice.draft is not None
+        open_model = self.opener or OPENER
+        # drafting across tokenizers is per request (engine/drafters/cross.py): a parallel draft is one stream
+        return open_model(self.choice.draft, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                          n_gpu_layers=self.draft_gpu_layers, n_seq=1 if cross else self.n_seq,
+                          unified=self.n_seq > 1, placement=self.draft_placement)  # fmt: skip
+
+
+def load_pair(loader: Loader) -> tuple[LoadedModel, LoadedModel | None, bool]:
     """Both models, or neither: a draft that fails to load frees the target.
 
-    The flag says whether the draft has a different tokenizer (it drafts across them). `opener`
+    The flag says whether the draft has a different tokenizer (it drafts across them). `loader.opener`
     opens the files (default: `OPENER`, llama.cpp).
     """
-    open_model = opener or OPENER
+    choice = loader.choice
     cross = False
     if choice.draft is not None and choice.draft.resolve() != choice.target.resolve():
-        cross = check_pair(choice.target, choice.draft, open_model).verdict == pairs.CROSS
-    target = open_model(choice.target, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=gpu_layers, n_seq=n_seq)
+        cross = check_pair(choice.target, choice.draft, loader.opener).verdict == pairs.CROSS
+    target = loader.target()
     try:
-        draft = None
-        if choice.draft is not None:
-            # drafting across tokenizers is per request (engine/drafters/cross.py): a parallel draft is one stream
-            draft = open_model(choice.draft, n_ctx=n_ctx, n_threads=n_threads, n_gpu_layers=draft_gpu_layers,
-                          n_seq=1 if cross else n_seq, unified=n_seq > 1)  # fmt: skip
+        draft = loader.draft(cross) if choice.draft is not None else None
     except BaseException:
         target.close()
         raise

@@ -38,6 +38,7 @@ STOP_REASONS = {
     "length": "--max-tokens reached",
     "context": "context full (--ctx-size)",
     "interrupted": "interrupted",
+    "rpc": "an RPC server stopped answering",
 }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from specdec_cli.api import GenerateOptions, Generation, Prompt, Speculator
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.stats import Stats
-from specdec_cli.errors import InternalError, SpecdecError
+from specdec_cli.errors import InternalError, RpcError, SpecdecError
 from specdec_cli.server.stops import StopMatcher
 
 
@@ -146,6 +146,9 @@ class Worker:
         rest = stops.flush()
         if rest:
             job.emit(Delta(rest))
+        if gen.error:  # an RPC server stopped answering: what was streamed stands, then the reason
+            job.emit(Failed(RpcError(gen.error)))
+            return
         finish = "stop" if stops.stopped or gen.stop_reason == "eos" else "length"
         job.emit(Done(gen, run.stats, stops.released, finish, n_tokens if stops.stopped else len(gen.token_ids),
                        run.n_cached))  # fmt: skip

@@ -90,6 +90,21 @@ class BatchEngine:
         """Which slots hold a job now."""
         return [s.job is not None for s in self.slots]
 
+    def fail_all(self, error: BaseException) -> None:
+        """End every job, running or waiting, with `error`: the engine's thread will not come back (an RPC
+        server it waits on stopped answering, engine/rpc.py); this engine is not used again."""
+        locked = self._cond.acquire(timeout=1.0)  # that thread may be stuck holding it
+        try:
+            self._closed = True
+            jobs = [s.job for s in self.slots if s.job is not None] + self._waiting
+            self._waiting = []
+        finally:
+            if locked:
+                self._cond.release()
+        for job in jobs:
+            job._queue.put(error)
+            job._queue.put(END)
+
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:
             self._closed = True
