@@ -99,7 +99,8 @@ class Speculator:
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
         self.rpc_lost: rpc.Loss | None = None  # an RPC server stopped answering; the next start connects again
-        self._rpc_lock = threading.Lock()
+        self._rpc_lock = threading.Lock()  # one reconnect at a time
+        self._loss_lock = threading.Lock()
         self._unlisten = rpc.listen(self._on_rpc_lost) if self.endpoints else None
 
     # ------------------------------------------------------------- RPC servers
@@ -129,7 +130,7 @@ class Speculator:
         mine = self.endpoints
         if not set(loss.endpoints) & set(mine):
             return
-        with self._rpc_lock:
+        with self._loss_lock:  # not _rpc_lock: a reconnect holds it while it waits on this thread's listeners
             if self.rpc_lost is not None:
                 return
             self.rpc_lost = loss
@@ -142,6 +143,13 @@ class Speculator:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.fail_all(RpcError(loss.reason()))
+
+    def _ready(self) -> None:
+        """After a lost server: connect again before anything else uses the models."""
+        if self.rpc_lost is not None:
+            with self._rpc_lock:
+                if self.rpc_lost is not None:
+                    self._reconnect()
 
     def _reconnect(self) -> None:
         """After a lost server: connect again if every server answers (RpcError otherwise)."""
@@ -181,6 +189,7 @@ class Speculator:
     # ------------------------------------------------------------ prompts
     def tokenize(self, prompt: Prompt | PromptTokens, *, system: str | None = None, chat: bool | None = None) -> PromptTokens:
         """A string (the chat template applied when the model has one, unless chat=False), or messages."""
+        self._ready()
         if isinstance(prompt, PromptTokens):
             return prompt
         if isinstance(prompt, str):
@@ -203,10 +212,7 @@ class Speculator:
         **overrides: Any,
     ) -> GenerationRun:
         """Begin a generation; keyword overrides are `GenerateOptions` fields."""
-        if self.rpc_lost is not None:
-            with self._rpc_lock:
-                if self.rpc_lost is not None:
-                    self._reconnect()
+        self._ready()
         try:
             opts = dataclasses.replace(options or GenerateOptions(), **overrides)
         except TypeError as exc:

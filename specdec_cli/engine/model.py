@@ -80,6 +80,7 @@ class Model:
         self.placement = placement if placement is not None and placement.endpoints and not vocab_only else None
         self.where: dict[str, float] = {}  # device -> MiB of weights there, when placed on RPC servers
         self.abandoned = False  # an RPC server it was on died: never freed (engine/rpc.py)
+        self._counted = False  # counted in rpc.using
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
@@ -88,22 +89,40 @@ class Model:
         keep: list[Any] = []  # what mparams points to, alive until the load is done
         if self.placement is not None:
             self._place(mparams, self.placement, n_gpu_layers, keep)
+        if self.placement is None:
+            self._load(mparams, n_ctx, n_threads, n_batch, vocab_only)
+            return
+        place = self.placement
+        try:
+            rpc.isolated(lambda: self._load(mparams, n_ctx, n_threads, n_batch, vocab_only, place), place.endpoints)
+        except rpc.RpcLost:  # a server died while loading: that thread will not come back
+            self.abandon()
+            rpc.cut_connections(place.endpoints)
+            for e in place.endpoints:
+                rpc.retire(e)
+            raise
+        except BaseException:
+            self._uncount()
+            raise
+
+    def _load(self, mparams: Any, n_ctx: int, n_threads: int | None, n_batch: int, vocab_only: bool,
+              place: Placement | None = None) -> None:  # fmt: skip
         clear_log()
-        model = C.llama_model_load_from_file(str(self.path).encode(), mparams)
+        model = self._C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            if self.placement is not None:
-                rpc.using(self.placement.endpoints, -1)
-                raise rpc.RpcError(rpc.load_failure(self.path, self.placement, last_log_error()))
+            if place is not None:
+                raise rpc.RpcError(rpc.load_failure(self.path, place, last_log_error()))
             raise ModelFileError(load_failure(self.path))
         self._model = model
         try:
-            if self.placement is not None:
+            if place is not None:
                 self.where = rpc.weights_by_device(log_lines())
             self._init_context(n_ctx, n_threads, n_batch, vocab_only)
-            if self.placement is not None:
-                rpc.check_exact(self, self.placement)
+            if place is not None:
+                rpc.check_exact(self, place)
         except BaseException:
-            self.close()  # a failed load frees what it allocated, not leaving it to __del__
+            if not self.abandoned:
+                self.close()  # a failed load frees what it allocated, not leaving it to __del__
             raise
 
     def _place(self, mparams: Any, placement: Placement, n_gpu_layers: int, keep: list[Any]) -> None:
@@ -123,7 +142,13 @@ class Model:
             split = (ctypes.c_float * n)(*shares, *([0.0] * (n - len(shares))))
             keep.append(split)
             mparams.tensor_split = split
-        rpc.using(placement.endpoints, +1)
+        rpc.using(placement.endpoints, +1)  # for the abort callback: which servers are in use
+        self._counted = True
+
+    def _uncount(self) -> None:
+        if self._counted and self.placement is not None:
+            rpc.using(self.placement.endpoints, -1)
+        self._counted = False
 
     def _init_context(self, n_ctx: int, n_threads: int | None, n_batch: int, vocab_only: bool) -> None:
         C = self._C  # noqa: N806
@@ -187,7 +212,7 @@ class Model:
     @property
     def _vocab(self) -> Any:
         """The vocabulary handle; a closed model raises instead of handing llama.cpp a freed pointer."""
-        if self._model is None:
+        if self._model is None and not self.abandoned:  # an abandoned model is never freed: its vocabulary stays
             raise UsageError(f"{self.path.name} has been closed: load it again")
         return self._vocab_ptr
 
@@ -413,15 +438,13 @@ class Model:
     def abandon(self) -> None:
         """An RPC server this model is on stopped answering: freeing it would wait on that server for
         good, so its handles are dropped unfreed (a leak, once per lost server; engine/rpc.py)."""
-        if self.placement is not None and self._model is not None:
-            rpc.using(self.placement.endpoints, -1)
+        self._uncount()
         self.abandoned = True
         self._batch = self._ctx = self._model = None
 
     def close(self) -> None:
         C = self._C  # noqa: N806
-        if self.placement is not None and self._model is not None:
-            rpc.using(self.placement.endpoints, -1)
+        self._uncount()
         if self._batch is not None:
             C.llama_batch_free(self._batch)
             self._batch = None

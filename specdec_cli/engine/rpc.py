@@ -30,10 +30,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from specdec_cli.errors import RpcError, UsageError
 
+T = TypeVar("T")
 PROTOCOL = (7, 0, 0)  # RPC_PROTO_*_VERSION in ggml-rpc.h of llama-cpp-python 0.3.36's llama.cpp
 _HELLO = 14  # RPC_CMD_HELLO
 _CAPS = 24  # RPC_CONN_CAPS_SIZE
@@ -266,8 +267,9 @@ def check_exact(model: Any, placement: Placement, n: int = 12) -> None:
     single = np.stack([np.array(model.decode([t])[0], copy=True) for t in ids])
     model.reset()
     if not np.array_equal(batch, single):
-        raise RpcError(f"the RPC server{'s' if len(placement.endpoints) > 1 else ''} {', '.join(placement.endpoints)} "
-                       "compute a batch of tokens differently from one token at a time (a llama.cpp build with "
+        several = len(placement.endpoints) > 1
+        raise RpcError(f"the RPC server{'s' if several else ''} {', '.join(placement.endpoints)} "
+                       f"{'compute' if several else 'computes'} a batch of tokens differently from one token at a time (a llama.cpp build with "
                        "llamafile's sgemm or repacked weights?): speculative output would differ from the target "
                        "alone. Start them with `specdec rpc-server` (this build's kernels)")  # fmt: skip
 
@@ -282,6 +284,10 @@ def parse_split(text: str | None) -> tuple[float, ...]:
 
 
 # ------------------------------------------------------------------ losing a server mid-generation
+class RpcLost(RpcError):
+    """A server stopped answering while we waited on it (the waiting thread will not come back)."""
+
+
 @dataclass
 class Loss:
     endpoints: tuple[str, ...]  # the ones that no longer answer (all in use, when none could be told apart)
@@ -387,6 +393,37 @@ def _on_abort(message: bytes | None) -> None:
         except Exception as exc:  # noqa: BLE001 - a listener's bug must not let abort() run
             sys.stderr.write(f"specdec: while handling a lost RPC server: {type(exc).__name__}: {exc}\n")
     threading.Event().wait()  # llama.cpp's dispatcher thread for the dead server: never back to abort()
+
+
+def isolated(fn: Callable[[], T], endpoints: Sequence[str]) -> T:
+    """`fn()` (a load: it talks to these servers) in a thread of its own: when one of them stops answering,
+    that thread stays blocked inside llama.cpp for good, and this one raises RpcError instead."""
+    result: list[Any] = []
+    done = threading.Event()
+    wanted = set(endpoints)
+
+    def work() -> None:
+        try:
+            result.append(("ok", fn()))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            result.append(("error", exc))
+        done.set()
+
+    def on_loss(loss: Loss) -> None:
+        if wanted & set(loss.endpoints):
+            result.append(("error", RpcLost(loss.reason())))
+            done.set()
+
+    unsubscribe = listen(on_loss)
+    try:
+        threading.Thread(target=work, name="specdec-rpc-load", daemon=True).start()
+        done.wait()
+    finally:
+        unsubscribe()
+    kind, value = result[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def install_abort_callback() -> None:
