@@ -66,8 +66,12 @@ def _file_key(path: Path) -> str:
 def _key(target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int, draft_batch: int = 1) -> str:
     batch = f"b={max_batch}" + (f",d={draft_batch}" if draft_batch > 1 else "")
     parts = [f"v{VERSION}", _cpu(), f"threads={threads or usable_cores()}", batch, _file_key(target.path)]
+    if target.placement is not None:  # on RPC servers: their costs, not this machine's
+        parts.append(target.placement.describe())
     if draft is not None:
         parts.append(_file_key(draft.path))
+        if draft.placement is not None:
+            parts.append(draft.placement.describe())
     return "|".join(parts)
 
 

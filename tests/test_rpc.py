@@ -303,3 +303,21 @@ def test_serve_stays_up_while_a_server_is_away_and_serves_again_after(smol_path:
             after = client.chat.completions.create(**ask, max_tokens=32)  # type: ignore[call-overload]
             assert after.choices[0].message.content == before.choices[0].message.content
             assert live.proc.poll() is None
+
+
+def test_bench_and_pair_check_probe_run_over_rpc(smol_path: Path, smol_q2k_path: Path, tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Repeat: one two three four.", "category": "input-grounded"}) + "\n")
+    with rpc_servers(1) as (server,):
+        r = cli("bench", "--target", str(smol_path), "--draft", str(smol_q2k_path), "--rpc", server.endpoint,
+                "--configs", "target,auto", "--prompts", str(prompts), "--repeats", "1", "--warmup", "0",
+                "-n", "16", "--ctx-size", "1024", "--json")  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        bench = json.loads(r.stdout)
+        assert set(bench["models"]["where"]["target"]) == {"local", server.endpoint}
+        assert {row["config"] for row in bench["results"]} >= {"target", "auto"}
+        r = cli("pair-check", str(smol_path), str(smol_q2k_path), "--probe", "--rpc", server.endpoint, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["probe"]["measured_speedup"] > 0
+        r = cli("bench", "--target", str(smol_path), "--rpc", server.endpoint, "--llama-cpp-bin", "/nonexistent")
+        assert r.returncode == 2 and "serves one client at a time" in r.stderr

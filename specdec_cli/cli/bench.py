@@ -79,6 +79,10 @@ def bench(
             raise UsageError(f"--ngram-draft-max must be >= 1, got {ngram_draft_max}")
         prompt_set = core.load_prompts(prompts, category)
         cfgs = core.parse_configs(configs, draft.draft_max or DEFAULT_K[MODEL], ngram_draft_max)
+        if llama_cpp_bin is not None and (runtime.rpc or runtime.draft_rpc):
+            raise UsageError("--llama-cpp-bin with --rpc: an RPC server serves one client at a time, and specdec "
+                             "holds it during the bench; compare with llama-server over RPC with "
+                             "benchmarks/rpc_latency.py")  # fmt: skip
         if llama_cpp_bin is not None and sampling.temperature > 0:
             raise UsageError("--llama-cpp-bin compares greedy runs: use --temp 0")
         n_external = len(external.llama_cpp_configs(llama_cpp_bin, cfgs)) if llama_cpp_bin else 0
