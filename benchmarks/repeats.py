@@ -17,6 +17,12 @@ summed over the requests. Every figure is measured in this one run; the ratios a
 `--rounds N` runs every server N times in turn and reports medians (speed drifts between servers here).
 `--in-process none,ngram,auto`: the same workload through the Python API, a line per request (steps,
 drafts, tok/s), to see where a figure comes from.
+`--oracle`: the most any n-gram/suffix lookup could give on these texts: the target's own answers
+(greedy, alone), then for each repeat, step by step, the earlier text (every earlier prompt and answer,
+and this request's own context) whose continuation matches the answer longest, drafted exactly as far
+as it is right (at most 16), each step priced at this machine's measured batch cost c(k+1) (calibration);
+per-step overheads left out. An upper bound for lookup drafting, to tell a policy's shortfall from the
+workload's.
 """
 
 from __future__ import annotations
@@ -114,6 +120,55 @@ def in_process(pair: str | None, drafters: list[str], max_tokens: int) -> None:
               f"control {out['control'].rate:6.1f} tok/s\n", flush=True)
 
 
+def oracle(pair: str | None, max_tokens: int, k_max: int = 16) -> None:
+    """The upper bound of lookup drafting on this workload's repeats (see the module's docstring)."""
+    import os
+
+    from specdec_cli import api
+    from specdec_cli.calibration import calibrate
+
+    os.environ["SPECDEC_CALIBRATE"] = "1"
+    target, _ = pair_files(pair)
+    with api.load(target, None, drafter=None, n_ctx=CTX) as spec:
+        cal = calibrate(spec.target, None, spec.n_threads, k_max + 1)
+        assert cal is not None
+        texts = []
+        for _, prompt in WORKLOAD:
+            ids = spec.tokenize([{"role": "user", "content": prompt}]).ids
+            g = spec.generate([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0.0)
+            texts.append((list(ids), list(g.token_ids)))
+    cost = {1: 1.0, **cal.relative}
+    print("batch costs c(b): " + " ".join(f"{b}:{cost[b]:.2f}" for b in sorted(cost) if b in (2, 3, 5, 9, 17)))
+    n_all = cost_all = 0.0
+    for i, (group, _) in enumerate(WORKLOAD):
+        if kind(i) != "repeat":
+            continue
+        earlier = [p + o for p, o in texts[:i]]
+        context, out = list(texts[i][0]), texts[i][1]
+        pos, steps, spent = 0, 0, 0.0
+        while pos < len(out):
+            best = 0
+            for seq in [*earlier, context]:
+                limit = len(seq) if seq is not context else len(seq) - 1
+                for end in range(2, limit + 1):  # seq[:end] ends like the context: seq[end:] is a proposal
+                    if seq[end - 1] != context[-1] or seq[end - 2] != context[-2]:
+                        continue
+                    right = 0
+                    while (right < k_max and end + right < len(seq) and pos + right < len(out)
+                           and seq[end + right] == out[pos + right]):  # fmt: skip
+                        right += 1
+                    best = max(best, right)
+            steps += 1
+            spent += cost[best + 1]
+            step = min(best + 1, len(out) - pos)
+            context += out[pos : pos + step]
+            pos += step
+        n_all += len(out)
+        cost_all += spent
+        print(f"{group:9s} {len(out):4d} tokens {steps:4d} steps  at most {len(out) / spent:5.2f}x the target alone")
+    print(f"all repeats: at most {n_all / cost_all:.2f}x the target alone (per-step overheads left out)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default=None, help="a pair from models.toml (default: the default pair)")
@@ -127,7 +182,12 @@ def main() -> None:
     ap.add_argument("--in-process", default=None, metavar="DRAFTERS",
                     help="instead of servers: the workload through the Python API, once per drafter (none, ngram, "
                          "auto; comma-separated), one line per request with its steps and drafts (a diagnosis)")
+    ap.add_argument("--oracle", action="store_true", help="instead of servers: the upper bound of lookup drafting "
+                    "on this workload's repeats, from the target's own answers and measured batch costs")
     args = ap.parse_args()
+    if args.oracle:
+        oracle(args.pair, args.max_tokens)
+        return
     if args.in_process:
         in_process(args.pair, args.in_process.split(","), args.max_tokens)
         return

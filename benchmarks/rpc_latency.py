@@ -10,7 +10,9 @@ after it arrived, each way (a round trip gains 2D; the bytes' order and amount u
 be the usual tool, but this machine's kernel (Firecracker) has no netem (nor prio) qdisc: `tc qdisc add
 dev lo root netem delay 2ms` answers "Specified qdisc kind is unknown". Servers, started fresh in turn:
 specdec serve --no-draft (the target alone), specdec serve (auto), and with `--llama-cpp-bin`
-llama-server plain and with the pair's draft (`-md`, draft-simple, K 4, `-ngld 0`: the draft local).
+llama-server plain and with the pair's draft (`-md`, draft-simple, K 4, `-ngld 0`: the draft local),
+both with `--cache-ram 0` (its prompt cache copies every request's KV cache back through RPC: with
+latency that costs it tens of seconds a request).
 One client, the same greedy streamed requests; completion tokens over end-to-end time, summed. Every
 figure is measured in this one run; the ratios are over the target alone of the same server family and
 delay (specdec auto / specdec --no-draft; llama-server -md / llama-server).
@@ -176,7 +178,9 @@ def main() -> None:
         ]
         if args.llama_cpp_bin is not None:
             binary = args.llama_cpp_bin / "llama-server"
-            rpc_args = ("--rpc", endpoints, "-ngl", "99")
+            # --cache-ram 0: llama-server's prompt cache copies each request's KV cache back from the servers
+            # (measured at 2 ms each way: 26-30 s a request, 4.3 tok/s; 0.6-4.7 s without it)
+            rpc_args = ("--rpc", endpoints, "-ngl", "99", "--cache-ram", "0")
             out += [
                 ("llama-server", lambda: llama_server(binary, target, None, 1, exact=True, extra=rpc_args)),
                 ("llama-server -md", lambda: llama_server(binary, target, draft, 1, exact=True,

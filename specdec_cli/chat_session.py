@@ -22,7 +22,7 @@ from specdec_cli.engine.events import Event
 from specdec_cli.engine.settings import NONE, PARAMS, InvalidSetting, Param
 from specdec_cli.engine.speculative import prompt_fits
 from specdec_cli.engine.stats import Stats
-from specdec_cli.errors import ContextError, UnsupportedModelError, UsageError
+from specdec_cli.errors import ContextError, RpcError, UnsupportedModelError, UsageError
 
 # /set KEY -> the parameter (`engine.settings.PARAMS`): the key is its flag without dashes (`/set temp 0.7`)
 SETTABLE: dict[str, Param] = {p.key: p for p in PARAMS.values() if p.settable}
@@ -130,6 +130,8 @@ class ChatSession:
             self.history.append({"role": "assistant", "content": gen.text})
             self.turns.append(Turn(user, gen.text, gen.stop_reason, gen.stats.as_dict()))
             self.totals.merge(run.stats)
+        if run.error:  # an RPC server stopped answering: the reply so far is kept, and the user is told
+            raise RpcError(f"{run.error}: the reply ends there")
 
     def summary(self) -> dict[str, Any]:
         o = self.options
