@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.engine import native, prompting, rpc
+from specdec_cli.engine import native, prompting
+from specdec_cli.engine import rpc as rpc_backend
 from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
@@ -98,10 +99,10 @@ class Speculator:
         self._gate = CostGate()  # what --drafter ngram's cost gate learned, kept across generations
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
-        self.rpc_lost: rpc.Loss | None = None  # an RPC server stopped answering; the next start connects again
+        self.rpc_lost: rpc_backend.Loss | None = None  # an RPC server stopped answering; the next start connects again
         self._rpc_lock = threading.Lock()  # one reconnect at a time
         self._loss_lock = threading.Lock()
-        self._unlisten = rpc.listen(self._on_rpc_lost) if self.endpoints else None
+        self._unlisten = rpc_backend.listen(self._on_rpc_lost) if self.endpoints else None
 
     # ------------------------------------------------------------- RPC servers
     @property
@@ -123,7 +124,7 @@ class Speculator:
                 out[role] = "local" if m.placement is None else {k: round(v, 1) for k, v in m.where.items()}
         return out
 
-    def _on_rpc_lost(self, loss: rpc.Loss) -> None:
+    def _on_rpc_lost(self, loss: rpc_backend.Loss) -> None:
         """From llama.cpp's dispatcher thread: a server stopped answering. Every model on RPC servers is
         abandoned and its connections cut (a live server then frees what it held for us); a batch engine's
         generations end; the next `start` connects again."""
@@ -137,9 +138,9 @@ class Speculator:
         for m in (self.target, self.draft):
             if m is not None and m.placement is not None:
                 m.abandon()
-        rpc.cut_connections(mine)
+        rpc_backend.cut_connections(mine)
         for e in mine:
-            rpc.retire(e)
+            rpc_backend.retire(e)
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.fail_all(RpcError(loss.reason()))
@@ -158,7 +159,7 @@ class Speculator:
         for e in (loader.placement.endpoints if loader.placement else ()) + (
                 loader.draft_placement.endpoints if loader.draft_placement else ()):  # fmt: skip
             try:
-                rpc.probe(e)
+                rpc_backend.probe(e)
             except RpcError as exc:
                 raise RpcError(f"{loss.reason()} during an earlier generation; now {exc}") from None
         if loader.placement is not None:
@@ -411,7 +412,7 @@ def load(
     open_model: ModelOpener | None = None,
     pool_mb: float = DEFAULT_POOL_MB,
     ngram_cache: str | os.PathLike[str] | None = None,
-    rpc_servers: str | Sequence[str] | None = None,
+    rpc: str | Sequence[str] | None = None,
     draft_rpc: str | Sequence[str] | None = None,
     tensor_split: Sequence[float] | None = None,
 ) -> Speculator:
@@ -433,7 +434,7 @@ def load(
     from, shared by every generation of this Speculator (0: none; engine/drafters/pool.py). `ngram_cache`
     is a file the pool is read from now (when it exists) and saved to at `close()`, atomically.
 
-    `rpc_servers` ("HOST:PORT,..." or a list): the target's layers go to those llama.cpp RPC servers
+    `rpc` ("HOST:PORT,..." or a list): the target's layers go to those llama.cpp RPC servers
     (`specdec rpc-server`), split by their free memory or by `tensor_split` (one share per server); the
     draft stays here unless `draft_rpc` names servers for it. A server that stops answering mid-generation
     ends that generation with what it produced (`stop_reason` "rpc", `error` says which server); the next
@@ -459,10 +460,10 @@ def load(
         warnings.append(f"--threads {n_threads} is more than the {cores} cores this process may use: using {cores}")
         n_threads = cores
     native.set_verbose(verbose)
-    placement = rpc.Placement(rpc.parse_endpoints(rpc_servers), tuple(tensor_split or ())) if rpc_servers else None
+    placement = rpc_backend.Placement(rpc_backend.parse_endpoints(rpc), tuple(tensor_split or ())) if rpc else None
     if tensor_split and placement is None:
         raise UsageError("--tensor-split shares the target's layers between --rpc servers: give --rpc too")
-    draft_placement = rpc.Placement(rpc.parse_endpoints(draft_rpc, "--draft-rpc")) if draft_rpc else None
+    draft_placement = rpc_backend.Placement(rpc_backend.parse_endpoints(draft_rpc, "--draft-rpc")) if draft_rpc else None
     if draft_placement is not None and choice.draft is None:
         raise UsageError("--draft-rpc places the draft model, and this run has none: drop --draft-rpc")
     loader = loading.Loader(choice, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, parallel, open_model,

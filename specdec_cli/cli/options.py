@@ -178,7 +178,7 @@ class RuntimeOptions:
         split = parse_split(self.tensor_split)
         if not (self.rpc or self.draft_rpc or split):
             return {}
-        return {"rpc_servers": self.rpc, "draft_rpc": self.draft_rpc, "tensor_split": split or None}
+        return {"rpc": self.rpc, "draft_rpc": self.draft_rpc, "tensor_split": split or None}
 
 
 # Single options more than one command takes (each command picks its own default).

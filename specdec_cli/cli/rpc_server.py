@@ -59,8 +59,8 @@ def rpc_server(
     ] = None,
     expose: Annotated[
         bool, typer.Option("--expose", help="Allow a non-loopback --host. The RPC protocol has no authentication: "
-                           "anyone who reaches the port can run code on this machine's memory. Never on an open "
-                           "network.")
+                           "anyone who reaches the port can read and write the server's memory through it. Never on "
+                           "an open network.")
     ] = False,
 ) -> None:
     """Hold model layers for `--rpc HOST:PORT` clients (llama.cpp's RPC server, this build's protocol)."""
