@@ -27,14 +27,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec_cli.drafting import make_drafter
 from specdec_cli.engine import native, prompting
-from specdec_cli.engine import rpc as rpc_backend
 from specdec_cli.engine.batch import BatchEngine, BatchJob
-from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
-from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
-from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
+from specdec_cli.engine.drafters.auto import AutoState
+from specdec_cli.engine.drafters.cross import CrossVocab
 from specdec_cli.engine.drafters.gate import CostGate
-from specdec_cli.engine.drafters.policies import compose
 from specdec_cli.engine.drafters.pool import TokenPool, open_pool_file
 from specdec_cli.engine.events import DRAFT, Step
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
@@ -53,9 +51,10 @@ from specdec_cli.engine.settings import (
     check_load,
 )
 from specdec_cli.engine.speculative import SpeculativeGenerator
-from specdec_cli.errors import PoolFileError, RpcError, UsageError
+from specdec_cli.errors import PoolFileError, UsageError
 from specdec_cli.generation import Chunk, Generation, GenerationRun, Message, Prompt, PromptTokens
 from specdec_cli.models import loading
+from specdec_cli.rpc_link import RpcLink, placements
 
 __all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Message", "Prompt", "PromptTokens",
            "Speculator", "load"]
@@ -78,7 +77,6 @@ class Speculator:
         loader: loading.Loader | None = None,
     ) -> None:
         self.choice = choice
-        self._loader = loader  # to open a model again after its RPC server came back
         self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch/)
         self._engine: BatchEngine | None = None
         self._engine_lock = threading.Lock()
@@ -99,83 +97,15 @@ class Speculator:
         self._gate = CostGate()  # what --drafter ngram's cost gate learned, kept across generations
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
-        self.rpc_lost: rpc_backend.Loss | None = None  # an RPC server stopped answering; the next start connects again
-        self._rpc_lock = threading.Lock()  # one reconnect at a time
-        self._loss_lock = threading.Lock()
-        self._unlisten = rpc_backend.listen(self._on_rpc_lost) if self.endpoints else None
-
-    # ------------------------------------------------------------- RPC servers
-    @property
-    def endpoints(self) -> tuple[str, ...]:
-        """The RPC servers the models are on (none: both local)."""
-        out: list[str] = []
-        for m in (self.target, self.draft):
-            place = m.placement if m is not None else None
-            if place is not None:
-                out += [e for e in place.endpoints if e not in out]
-        return tuple(out)
-
-    @property
-    def where(self) -> dict[str, Any]:
-        """Where each model runs: "local", or MiB of its weights per RPC server (and here)."""
-        out: dict[str, Any] = {}
-        for role, m in (("target", self.target), ("draft", self.draft)):
-            if m is not None:
-                out[role] = "local" if m.placement is None else {k: round(v, 1) for k, v in m.where.items()}
-        return out
-
-    def _on_rpc_lost(self, loss: rpc_backend.Loss) -> None:
-        """From llama.cpp's dispatcher thread: a server stopped answering. Every model on RPC servers is
-        abandoned and its connections cut (a live server then frees what it held for us); a batch engine's
-        generations end; the next `start` connects again."""
-        mine = self.endpoints
-        if not set(loss.endpoints) & set(mine):
-            return
-        with self._loss_lock:  # not _rpc_lock: a reconnect holds it while it waits on this thread's listeners
-            if self.rpc_lost is not None:
-                return
-            self.rpc_lost = loss
-        for m in (self.target, self.draft):
-            if m is not None and m.placement is not None:
-                m.abandon()
-        rpc_backend.cut_connections(mine)
-        for e in mine:
-            rpc_backend.retire(e)
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.fail_all(RpcError(loss.reason()))
-
-    def _ready(self) -> None:
-        """After a lost server: connect again before anything else uses the models."""
-        if self.rpc_lost is not None:
-            with self._rpc_lock:
-                if self.rpc_lost is not None:
-                    self._reconnect()
-
-    def _reconnect(self) -> None:
-        """After a lost server: connect again if every server answers (RpcError otherwise)."""
-        loss, loader = self.rpc_lost, self._loader
-        assert loss is not None and loader is not None
-        for e in (loader.placement.endpoints if loader.placement else ()) + (
-                loader.draft_placement.endpoints if loader.draft_placement else ()):  # fmt: skip
-            try:
-                rpc_backend.probe(e)
-            except RpcError as exc:
-                raise RpcError(f"{loss.reason()} during an earlier generation; now {exc}") from None
-        if loader.placement is not None:
-            self.target = loader.target()
-        if self.draft is not None and loader.draft_placement is not None:
-            self.draft = loader.draft(self.cross)
-        self._auto = None if loader.draft_placement is not None else self._auto  # a new draft: calibrate again
-        self.rpc_lost = None
+        self.rpc = RpcLink(self, loader)  # the models' RPC servers, if any: where, a lost one, reconnecting
 
     # ------------------------------------------------------------- facts
     @property
     def models(self) -> dict[str, Any]:
         c = self.choice
         out: dict[str, Any] = {"target": str(c.target), "draft": str(c.draft) if c.draft else None, "pair": c.pair}
-        if self.endpoints:
-            out["where"] = self.where  # MiB of weights per RPC server (and "local": here)
+        if self.rpc.endpoints:
+            out["where"] = self.rpc.where  # MiB of weights per RPC server (and "local": here)
         return out
 
     @property
@@ -190,7 +120,7 @@ class Speculator:
     # ------------------------------------------------------------ prompts
     def tokenize(self, prompt: Prompt | PromptTokens, *, system: str | None = None, chat: bool | None = None) -> PromptTokens:
         """A string (the chat template applied when the model has one, unless chat=False), or messages."""
-        self._ready()
+        self.rpc.ready()
         if isinstance(prompt, PromptTokens):
             return prompt
         if isinstance(prompt, str):
@@ -213,7 +143,7 @@ class Speculator:
         **overrides: Any,
     ) -> GenerationRun:
         """Begin a generation; keyword overrides are `GenerateOptions` fields."""
-        self._ready()
+        self.rpc.ready()
         try:
             opts = dataclasses.replace(options or GenerateOptions(), **overrides)
         except TypeError as exc:
@@ -227,15 +157,15 @@ class Speculator:
             job = BatchJob(tokens.ids, config, kind, should_stop=lambda: run._should_stop(), k_max=config.k_max)
             run = GenerationRun(job, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
                                 on_draft_dropped=self._draft_dropped, on_finished=self._remember,
-                                endpoints=self.endpoints)  # fmt: skip
+                                endpoints=self.rpc.endpoints)  # fmt: skip
             self.batch_engine().submit(job)
             return run
-        gen = SpeculativeGenerator(self.target, self._make_drafter(kind, config), tokens.ids, config,
+        gen = SpeculativeGenerator(self.target, make_drafter(self, kind, config), tokens.ids, config,
                                    should_stop=lambda: run._should_stop())  # fmt: skip
         run = GenerationRun(gen, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
                             lock=self._lock, n_cached=self.target.common_prefix(gen.prompt),
                             on_draft_dropped=self._draft_dropped, on_finished=self._remember,
-                            endpoints=self.endpoints)  # fmt: skip
+                            endpoints=self.rpc.endpoints)  # fmt: skip
         return run
 
     def generate(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Generation:
@@ -259,11 +189,6 @@ class Speculator:
     def _remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
         if self.pool is not None:
             self.pool.add([*prompt, *output])
-
-    def _ngram(self, config: GenerateOptions) -> NgramDrafter:
-        """The n-gram lookup, with the pool unless the run is seeded and sampled: its text must depend on
-        the seed alone, not on what earlier requests left in the pool (with any drafts it stays exact)."""
-        return NgramDrafter(*self.ngram, pool=None if config.reproducible else self.pool)
 
     def _draft_dropped(self, reason: str) -> None:
         self.draft_broken = reason  # later generations start without the draft model
@@ -307,47 +232,10 @@ class Speculator:
                                            model_k_max=self.choice.draft_max, draft_costs=draft_costs)  # fmt: skip
             return self._engine
 
-    def _reproducible_auto_state(self, k_max: int) -> AutoState:
-        """For a seeded sampled run: the starting costs every time, learning nothing from timings."""
-        self.auto_state(k_max)
-        assert self._auto_start is not None
-        state = copy.deepcopy(self._auto_start)
-        state.learn_costs = False
-        return state
-
     def _default_k(self, kind: str) -> int:
         if kind == MODEL and self.choice.draft_max:
             return self.choice.draft_max
         return DEFAULT_K.get(kind, DEFAULT_K[MODEL])
-
-    def _make_drafter(self, kind: str, config: GenerateOptions) -> Drafter | None:
-        """One fresh drafter per generation (the models, and so their caches, are shared)."""
-        inner: Drafter
-        if kind == AUTO:
-            model: ModelDrafter | CrossDrafter | None = None
-            if self.draft is not None and not self.draft_broken:
-                model = self._model_drafter(config, window=WINDOW)
-            k = config.k_max
-            state = self._reproducible_auto_state(k) if config.reproducible else self.auto_state(k)
-            return AutoDrafter(self._ngram(config), model, k, state, self.choice.draft_max)
-        if kind == MODEL and self.draft is not None:
-            inner = self._model_drafter(config)
-        elif kind == NGRAM:
-            inner = self._ngram(config)
-        else:
-            return None
-        # A seeded sampled run gets a new gate: which tokens it verifies must not depend on earlier runs.
-        return compose(inner, config, gate=None if config.reproducible else self._gate)
-
-    def _model_drafter(self, config: GenerateOptions, window: int | None = None) -> ModelDrafter | CrossDrafter:
-        assert self.draft is not None
-        if not self.cross:
-            return ModelDrafter(self.draft, config.draft_p_min, window=window)
-        if self._cross_vocab is None:
-            self._cross_vocab = CrossVocab.build(self.target, self.draft)
-        # the window is in tokens; the cross drafter re-reads text: about 4 characters a token
-        return CrossDrafter(self.target, self.draft, self._cross_vocab, config.draft_p_min,
-                            window=None if window is None else 4 * window)  # fmt: skip
 
     def _settings(self, o: GenerateOptions, kind: str, config: GenerateOptions, used_chat: bool) -> dict[str, Any]:
         """The settings a generation reports (`--json`): its parameters as resolved, and the pair's."""
@@ -371,8 +259,7 @@ class Speculator:
         return n
 
     def close(self) -> None:
-        if self._unlisten is not None:
-            self._unlisten()
+        self.rpc.close()
         try:
             if self.pool is not None and self.pool_file is not None:
                 try:
@@ -460,12 +347,7 @@ def load(
         warnings.append(f"--threads {n_threads} is more than the {cores} cores this process may use: using {cores}")
         n_threads = cores
     native.set_verbose(verbose)
-    placement = rpc_backend.Placement(rpc_backend.parse_endpoints(rpc), tuple(tensor_split or ())) if rpc else None
-    if tensor_split and placement is None:
-        raise UsageError("--tensor-split shares the target's layers between --rpc servers: give --rpc too")
-    draft_placement = rpc_backend.Placement(rpc_backend.parse_endpoints(draft_rpc, "--draft-rpc")) if draft_rpc else None
-    if draft_placement is not None and choice.draft is None:
-        raise UsageError("--draft-rpc places the draft model, and this run has none: drop --draft-rpc")
+    placement, draft_placement = placements(rpc, draft_rpc, tensor_split, has_draft=choice.draft is not None)
     loader = loading.Loader(choice, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, parallel, open_model,
                             placement, draft_placement)  # fmt: skip
     t, d, cross = loading.load_pair(loader)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec_cli.engine import rpc
+from specdec_cli.engine import rpc_faults
 from specdec_cli.engine.batch.slots import BatchJob
 from specdec_cli.engine.events import DrafterDropped, Event, Step
 from specdec_cli.engine.speculative import SpeculativeGenerator
@@ -154,11 +154,11 @@ class GenerationRun:
                 items.put(exc)
             items.put(done)
 
-        def on_loss(loss: rpc.Loss) -> None:
+        def on_loss(loss: rpc_faults.Loss) -> None:
             if endpoints & set(loss.endpoints) or not loss.endpoints:
                 items.put(RpcError(loss.reason()))
 
-        unsubscribe = rpc.listen(on_loss)
+        unsubscribe = rpc_faults.listen(on_loss)
         thread = threading.Thread(target=pump, name="specdec-generation", daemon=True)
         thread.start()
         lost = False

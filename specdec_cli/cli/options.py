@@ -223,10 +223,10 @@ def load(
 
 def placement_note(spec: Speculator) -> str:
     """Where the models run, for a title: "" when both are local."""
-    if not spec.endpoints:
+    if not spec.rpc.endpoints:
         return ""
     parts = []
-    for role, where in spec.where.items():
+    for role, where in spec.rpc.where.items():
         if where == "local":
             parts.append(f"{role} local")
         else:

@@ -8,11 +8,13 @@ ctypes here: engine/model.py reads them, pair-check and the memory benchmark use
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specdec_cli.errors import ContextError, ModelFileError
 
@@ -189,3 +191,33 @@ def check_context_fits(info: ModelInfo, n_ctx: int, n_seq: int = 1) -> list[str]
         return [f"--ctx-size {n_ctx:,} is above {name}'s training context ({info.n_ctx_train:,} tokens): "
                 "past that, its output may degrade"]  # fmt: skip
     return []
+
+
+def model_info(C: Any, model: Any, path: Path) -> ModelInfo:  # noqa: N803 - the bindings, as elsewhere
+    """What a loaded llama_model says of itself (through the bindings `C`; engine/model.py passes them)."""
+    buf = ctypes.create_string_buffer(256)
+    C.llama_model_desc(model, buf, len(buf))
+    meta: dict[str, str] = {}
+    kbuf = ctypes.create_string_buffer(256)
+    vbuf = ctypes.create_string_buffer(4096)
+    for i in range(C.llama_model_meta_count(model)):
+        C.llama_model_meta_key_by_index(model, i, kbuf, len(kbuf))
+        C.llama_model_meta_val_str_by_index(model, i, vbuf, len(vbuf))
+        key = kbuf.value.decode("utf-8", "replace")
+        if key.startswith("tokenizer.ggml.") and key not in (
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.pre",
+        ):
+            continue
+        meta[key] = vbuf.value.decode("utf-8", "replace")
+    tmpl = C.llama_model_chat_template(model, None)
+    return ModelInfo(
+        path=path,
+        description=buf.value.decode("utf-8", "replace"),
+        file_size=path.stat().st_size,
+        n_params=int(C.llama_model_n_params(model)),
+        n_ctx_train=int(C.llama_model_n_ctx_train(model)),
+        n_swa=int(C.llama_model_n_swa(model)),
+        chat_template=tmpl.decode("utf-8") if tmpl else None,
+        metadata=meta,
+    )

@@ -15,26 +15,31 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from specdec_cli.engine import rpc
-from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo, check_context_fits, check_gguf_file
+from specdec_cli.engine.gguf import (
+    ModelInfo,
+    SpecialTexts,
+    VocabInfo,
+    check_context_fits,
+    check_gguf_file,
+    model_info,
+)
 from specdec_cli.engine.native import (
     bindings,
     clear_log,
     install_log_callback,
     last_log_error,
     load_failure,
-    log_lines,
     usable_cores,
 )
 from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.engine.vocab import Vocab
-from specdec_cli.errors import ContextError, ModelFileError, UnsupportedModelError, UsageError
+from specdec_cli.errors import ContextError, ModelFileError, RpcError, UnsupportedModelError, UsageError
 
 
 class Model:
@@ -61,7 +66,6 @@ class Model:
         vocab_only: bool = False,
         n_seq: int = 1,
         unified: bool = False,
-        placement: Placement | None = None,
     ) -> None:
         self.path = check_gguf_file(path)
         install_log_callback()
@@ -77,78 +81,33 @@ class Model:
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
         self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
         self.warnings: list[str] = []  # things the user should know about how it was loaded
-        self.placement = placement if placement is not None and placement.endpoints and not vocab_only else None
-        self.where: dict[str, float] = {}  # device -> MiB of weights there, when placed on RPC servers
-        self.abandoned = False  # an RPC server it was on died: never freed (engine/rpc.py)
-        self._counted = False  # counted in rpc.using
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
         mparams.use_extra_bufts = False  # see "Exact mode" in engine/native.py
-        keep: list[Any] = []  # what mparams points to, alive until the load is done
-        if self.placement is not None:
-            self._place(mparams, self.placement, n_gpu_layers, keep)
-        if self.placement is None:
-            self._load(mparams, n_ctx, n_threads, n_batch, vocab_only)
-            return
-        place = self.placement
-        try:
-            rpc.isolated(lambda: self._load(mparams, n_ctx, n_threads, n_batch, vocab_only, place), place.endpoints)
-        except rpc.RpcLost:  # a server died while loading: that thread will not come back
-            self.abandon()
-            rpc.cut_connections(place.endpoints)
-            for e in place.endpoints:
-                rpc.retire(e)
-            raise
-        except BaseException:
-            self._uncount()
-            raise
+        self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
 
-    def _load(self, mparams: Any, n_ctx: int, n_threads: int | None, n_batch: int, vocab_only: bool,
-              place: Placement | None = None) -> None:  # fmt: skip
+    placement: Placement | None = None  # local; engine/rpc_model.py's PlacedModel puts layers on RPC servers
+    where: dict[str, float] = {}  # MiB of weights per RPC server ("local": here), when placed
+    abandoned = False  # an RPC server it was on stopped answering: never freed (engine/rpc_faults.py)
+
+    def _open(self, mparams: Any, init_context: Callable[[], None]) -> None:
+        """Load the weights, then the context; a failed load frees what it allocated (not left to __del__)."""
         clear_log()
         model = self._C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            if place is not None:
-                raise rpc.RpcError(rpc.load_failure(self.path, place, last_log_error()))
             raise ModelFileError(load_failure(self.path))
         self._model = model
         try:
-            if place is not None:
-                self.where = rpc.weights_by_device(log_lines())
-            self._init_context(n_ctx, n_threads, n_batch, vocab_only)
-            if place is not None:
-                rpc.check_exact(self, place)
+            init_context()
+            self._ready()
         except BaseException:
-            if not self.abandoned:
-                self.close()  # a failed load frees what it allocated, not leaving it to __del__
+            self.close()  # an abandoned model stays as it is
             raise
 
-    def _place(self, mparams: Any, placement: Placement, n_gpu_layers: int, keep: list[Any]) -> None:
-        """Every layer (or `n_gpu_layers` of them) on the RPC servers' devices, split by `tensor_split`
-        (default: llama.cpp's, by the memory each server reports free)."""
-        devs = rpc.devices(placement.endpoints)
-        arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
-        keep.append(arr)
-        mparams.devices = ctypes.addressof(arr)
-        mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers > 0 else 999
-        if placement.tensor_split:
-            n = int(self._C.LLAMA_MAX_DEVICES)
-            shares = list(placement.tensor_split)
-            if len(devs) != len(shares):  # a server with several devices: its share over them evenly
-                raise rpc.RpcError("--tensor-split needs one share per device; a server offers several: leave "
-                                   "--tensor-split out")  # fmt: skip
-            split = (ctypes.c_float * n)(*shares, *([0.0] * (n - len(shares))))
-            keep.append(split)
-            mparams.tensor_split = split
-        rpc.using(placement.endpoints, +1)  # for the abort callback: which servers are in use
-        self._counted = True
-
-    def _uncount(self) -> None:
-        if self._counted and self.placement is not None:
-            rpc.using(self.placement.endpoints, -1)
-        self._counted = False
+    def _ready(self) -> None:
+        """After the weights and the context are loaded (a hook)."""
 
     def _init_context(self, n_ctx: int, n_threads: int | None, n_batch: int, vocab_only: bool) -> None:
         C = self._C  # noqa: N806
@@ -212,15 +171,14 @@ class Model:
     @property
     def _vocab(self) -> Any:
         """The vocabulary handle; a closed model raises instead of handing llama.cpp a freed pointer."""
-        if self._model is None and not self.abandoned:  # an abandoned model is never freed: its vocabulary stays
+        if self._model is None:
             raise UsageError(f"{self.path.name} has been closed: load it again")
         return self._vocab_ptr
 
     def _context(self) -> Any:
         if self._ctx is None:
-            if self.abandoned:
-                raise rpc.RpcError(f"{self.path.name} was on an RPC server that stopped answering: load it again")
-            raise UsageError(f"{self.path.name} has been closed (or was loaded vocabulary-only)")
+            raise (RpcError(f"{self.path.name} was on an RPC server that stopped answering: load it again")
+                   if self.abandoned else UsageError(f"{self.path.name} has been closed (or was loaded vocabulary-only)"))
         return self._ctx
 
     @property
@@ -228,34 +186,8 @@ class Model:
         return self.path.name
 
     def info(self) -> ModelInfo:
-        C = self._C  # noqa: N806
         self._vocab  # noqa: B018 - raises on a closed model
-        buf = ctypes.create_string_buffer(256)
-        C.llama_model_desc(self._model, buf, len(buf))
-        meta: dict[str, str] = {}
-        kbuf = ctypes.create_string_buffer(256)
-        vbuf = ctypes.create_string_buffer(4096)
-        for i in range(C.llama_model_meta_count(self._model)):
-            C.llama_model_meta_key_by_index(self._model, i, kbuf, len(kbuf))
-            C.llama_model_meta_val_str_by_index(self._model, i, vbuf, len(vbuf))
-            key = kbuf.value.decode("utf-8", "replace")
-            if key.startswith("tokenizer.ggml.") and key not in (
-                "tokenizer.ggml.model",
-                "tokenizer.ggml.pre",
-            ):
-                continue
-            meta[key] = vbuf.value.decode("utf-8", "replace")
-        tmpl = C.llama_model_chat_template(self._model, None)
-        return ModelInfo(
-            path=self.path,
-            description=buf.value.decode("utf-8", "replace"),
-            file_size=self.path.stat().st_size,
-            n_params=int(C.llama_model_n_params(self._model)),
-            n_ctx_train=int(C.llama_model_n_ctx_train(self._model)),
-            n_swa=int(C.llama_model_n_swa(self._model)),
-            chat_template=tmpl.decode("utf-8") if tmpl else None,
-            metadata=meta,
-        )
+        return model_info(self._C, self._model, self.path)
 
     # ------------------------------------------------------------ vocabulary (engine/vocab.py)
     def vocab_info(self) -> VocabInfo:
@@ -436,15 +368,15 @@ class Model:
 
     # --------------------------------------------------------------- cleanup
     def abandon(self) -> None:
-        """An RPC server this model is on stopped answering: freeing it would wait on that server for
-        good, so its handles are dropped unfreed (a leak, once per lost server; engine/rpc.py)."""
-        self._uncount()
+        """Never free it (a model on an RPC server that stopped answering, engine/rpc_model.py): no more
+        decoding; its vocabulary and metadata stay readable."""
         self.abandoned = True
-        self._batch = self._ctx = self._model = None
+        self._ctx = None
 
     def close(self) -> None:
         C = self._C  # noqa: N806
-        self._uncount()
+        if self.abandoned:
+            return
         if self._batch is not None:
             C.llama_batch_free(self._batch)
             self._batch = None

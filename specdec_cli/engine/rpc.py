@@ -9,32 +9,24 @@ batch's logits equal single-token decoding, as exact mode needs.
 
 Faults. llama.cpp's RPC client aborts the process when a server cannot be reached, speaks another
 protocol, or stops answering: `probe` checks each endpoint in Python first (connect, the HELLO exchange,
-the version), so the first two are one clear error. A server that dies later fails inside llama.cpp's
-dispatcher thread (one per endpoint), where `ggml_abort` calls our abort callback before `abort()`: the
-callback notes the loss, tells whoever listens (`watch`), and then never returns, so the process lives on.
-The thread that waited for that server (a generation's worker thread, engine/barrier.py) stays blocked
-for good; the model on that connection is abandoned (freeing it would wait on the same dead dispatcher),
-and a reload connects afresh under another spelling of the endpoint (a leading zero on the port: llama.cpp
-keeps one dispatcher per endpoint string, and the old one is held by the abandoned model).
+the version), so the first two are one clear error; a server lost later is engine/rpc_faults.py's. After
+a loss, a reload connects under another spelling of the endpoint (`retire`: a leading zero on the port,
+as llama.cpp keeps one dispatcher per endpoint string and the old one is held by the abandoned model).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import socket
-import stat
 import struct
-import sys
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from specdec_cli.errors import RpcError, UsageError
 
-T = TypeVar("T")
 PROTOCOL = (7, 0, 0)  # RPC_PROTO_*_VERSION in ggml-rpc.h of llama-cpp-python 0.3.36's llama.cpp
 _HELLO = 14  # RPC_CMD_HELLO
 _CAPS = 24  # RPC_CONN_CAPS_SIZE
@@ -189,7 +181,6 @@ def devices(endpoints: Sequence[str]) -> list[int]:
     """The ggml devices of these servers (probed first: a bad endpoint is an RpcError, not an abort)."""
     for endpoint in endpoints:
         probe(endpoint)
-    install_abort_callback()
     add_server = proc("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)
     lib = ggml()
     out: list[int] = []
@@ -274,6 +265,26 @@ def check_exact(model: Any, placement: Placement, n: int = 12) -> None:
                        "alone. Start them with `specdec rpc-server` (this build's kernels)")  # fmt: skip
 
 
+def place(mparams: Any, placement: Placement, n_gpu_layers: int, max_devices: int) -> list[Any]:
+    """Point `mparams` at the servers' devices: every layer (or `n_gpu_layers` of them) there, split by
+    `placement.tensor_split` (default: llama.cpp's, by the memory each server reports free). Returns what
+    `mparams` points to, to keep alive until the load is done."""
+    devs = devices(placement.endpoints)
+    arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+    keep: list[Any] = [arr]
+    mparams.devices = ctypes.addressof(arr)
+    mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers > 0 else 999
+    if placement.tensor_split:
+        shares = list(placement.tensor_split)
+        if len(devs) != len(shares):
+            raise RpcError("--tensor-split needs one share per device, and a server offers several: leave "
+                           "--tensor-split out")  # fmt: skip
+        split = (ctypes.c_float * max_devices)(*shares, *([0.0] * (max_devices - len(shares))))
+        keep.append(split)
+        mparams.tensor_split = split
+    return keep
+
+
 def parse_split(text: str | None) -> tuple[float, ...]:
     if not text:
         return ()
@@ -281,155 +292,3 @@ def parse_split(text: str | None) -> tuple[float, ...]:
         return tuple(float(x) for x in text.split(","))
     except ValueError:
         raise UsageError(f"--tensor-split: {text!r} is not a list of numbers such as 3,1") from None
-
-
-# ------------------------------------------------------------------ losing a server mid-generation
-class RpcLost(RpcError):
-    """A server stopped answering while we waited on it (the waiting thread will not come back)."""
-
-
-@dataclass
-class Loss:
-    endpoints: tuple[str, ...]  # the ones that no longer answer (all in use, when none could be told apart)
-    message: str
-
-    def reason(self) -> str:
-        return f"RPC server {', '.join(self.endpoints)} stopped answering ({self.message})"
-
-
-@dataclass
-class _Watch:
-    in_use: dict[str, int] = field(default_factory=dict)  # endpoint -> models placed on it
-    listeners: list[Callable[[Loss], None]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-WATCH = _Watch()
-_CALLBACK: list[Any] = []  # keep the ctypes callback alive
-
-
-def listen(fn: Callable[[Loss], None]) -> Callable[[], None]:
-    """Call `fn` (from llama.cpp's dispatcher thread) when a server is lost; returns the unsubscribe."""
-    with WATCH.lock:
-        WATCH.listeners.append(fn)
-
-    def unsubscribe() -> None:
-        with WATCH.lock:
-            if fn in WATCH.listeners:
-                WATCH.listeners.remove(fn)
-
-    return unsubscribe
-
-
-def using(endpoints: Sequence[str], delta: int) -> None:
-    with WATCH.lock:
-        for e in endpoints:
-            WATCH.in_use[e] = WATCH.in_use.get(e, 0) + delta
-            if WATCH.in_use[e] <= 0:
-                del WATCH.in_use[e]
-
-
-def cut_connections(endpoints: Sequence[str]) -> int:
-    """Shut down this process's TCP connections to these servers (the ones abandoned models hold): a
-    server that still runs then frees what it held for us and accepts the next connection (it serves one
-    client at a time). Returns how many were cut."""
-    peers: set[tuple[str, int]] = set()
-    for e in endpoints:
-        host, port = split_endpoint(e)
-        try:
-            for info in socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM):
-                peers.add((str(info[4][0]), int(info[4][1])))
-        except OSError:
-            continue
-    n = 0
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        with s:
-            try:
-                if s.type == socket.SOCK_STREAM and s.getpeername() in peers:
-                    s.shutdown(socket.SHUT_RDWR)
-                    n += 1
-            except OSError:
-                pass
-    return n
-
-
-def lost_endpoints(candidates: Sequence[str]) -> tuple[str, ...]:
-    """Which of these no longer accept a connection (all of them, when every one still does)."""
-    dead = []
-    for e in candidates:
-        try:
-            socket.create_connection(split_endpoint(e), timeout=1.0).close()
-        except OSError:
-            dead.append(e)
-    return tuple(dead or candidates)
-
-
-def _on_abort(message: bytes | None) -> None:
-    text = (message or b"").decode("utf-8", errors="replace").strip()
-    if "ggml-rpc" not in text:
-        sys.stderr.write(text + "\n")  # not ours: abort() follows, as without the callback
-        return
-    detail = text.split(": ", 1)[-1].strip()
-    with WATCH.lock:
-        candidates = tuple(WATCH.in_use)
-        listeners = list(WATCH.listeners)
-    loss = Loss(lost_endpoints(candidates), detail)
-    if not isinstance(threading.current_thread(), threading._DummyThread):
-        # on one of our own threads (a connection made while loading): nothing else waits, and abort()
-        # must not run: say what happened and end the process
-        sys.stderr.write(f"Error: {loss.reason()}\n")
-        sys.stderr.flush()
-        os._exit(1)
-    for fn in listeners:
-        try:
-            fn(loss)
-        except Exception as exc:  # noqa: BLE001 - a listener's bug must not let abort() run
-            sys.stderr.write(f"specdec: while handling a lost RPC server: {type(exc).__name__}: {exc}\n")
-    threading.Event().wait()  # llama.cpp's dispatcher thread for the dead server: never back to abort()
-
-
-def isolated(fn: Callable[[], T], endpoints: Sequence[str]) -> T:
-    """`fn()` (a load: it talks to these servers) in a thread of its own: when one of them stops answering,
-    that thread stays blocked inside llama.cpp for good, and this one raises RpcError instead."""
-    result: list[Any] = []
-    done = threading.Event()
-    wanted = set(endpoints)
-
-    def work() -> None:
-        try:
-            result.append(("ok", fn()))
-        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
-            result.append(("error", exc))
-        done.set()
-
-    def on_loss(loss: Loss) -> None:
-        if wanted & set(loss.endpoints):
-            result.append(("error", RpcLost(loss.reason())))
-            done.set()
-
-    unsubscribe = listen(on_loss)
-    try:
-        threading.Thread(target=work, name="specdec-rpc-load", daemon=True).start()
-        done.wait()
-    finally:
-        unsubscribe()
-    kind, value = result[0]
-    if kind == "error":
-        raise value
-    return value
-
-
-def install_abort_callback() -> None:
-    if _CALLBACK:
-        return
-    ggml()
-    cb = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(_on_abort)
-    _CALLBACK.append(cb)
-    _LIBS["base"].ggml_set_abort_callback(ctypes.cast(cb, ctypes.c_void_p))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specdec_cli import pairs
 from specdec_cli.engine.gguf import check_gguf_file
@@ -71,7 +72,16 @@ def choose_models(
 
 # How every model file is opened: llama.cpp's `Model`. The one seam for a fake (tests/fakes.py's
 # `FakeGGUF`), so that the API, the CLI and the server can be tested without real weights.
-OPENER: ModelOpener = Model
+def open_llama(path: str | os.PathLike[str], *, placement: Placement | None = None, **kw: Any) -> LoadedModel:
+    """A GGUF through llama.cpp: here, or with its layers on RPC servers (`placement`)."""
+    if placement is not None and placement.endpoints and not kw.get("vocab_only"):
+        from specdec_cli.engine.rpc_model import PlacedModel
+
+        return PlacedModel(path, placement=placement, **kw)
+    return Model(path, **kw)
+
+
+OPENER: ModelOpener = open_llama
 
 
 def check_pair(target: Path, draft: Path, opener: ModelOpener | None = None) -> pairs.Verdict:
