@@ -215,6 +215,12 @@ def test_two_rpc_servers_hold_the_target_and_the_output_is_identical(smol_path: 
         remote = run_json(*pair, "--rpc", f"{a.endpoint},{b.endpoint}")
         sampled = run_json(*pair, "--rpc", f"{a.endpoint},{b.endpoint}", "--temp", "0.8", "--seed", "3")
         split = run_json(*pair, "--rpc", f"{a.endpoint},{b.endpoint}", "--tensor-split", "3,1", "--drafter", "model")
+        # the draft on a server too, one the target uses (a process keeps one connection per server)
+        both = run_json(*pair, "--rpc", a.endpoint, "--draft-rpc", b.endpoint, "--drafter", "model")
+        shared = run_json(*pair, "--rpc", a.endpoint, "--draft-rpc", a.endpoint, "--drafter", "model")
+    assert both["token_ids"] == local["token_ids"] == shared["token_ids"]
+    assert set(both["models"]["where"]["draft"]) == {"local", b.endpoint}  # type: ignore[index]
+    assert set(shared["models"]["where"]["draft"]) == {"local", a.endpoint}  # type: ignore[index]
     assert remote["token_ids"] == local["token_ids"]
     assert sampled["token_ids"] == local_sampled["token_ids"]
     assert split["token_ids"] == local["token_ids"]
@@ -232,11 +238,12 @@ def test_two_rpc_servers_hold_the_target_and_the_output_is_identical(smol_path: 
 
 def test_a_server_that_computes_batches_differently_is_refused(smol_q2k_path: Path) -> None:
     from specdec_cli.engine.model import Model
+    from specdec_cli.engine.rpc_model import PlacedModel
 
     # GGML_CPU_TILED_MM=1: the tiled K-quant matmul, which sums a batch in another order than one token
     with rpc_servers(1, env={"GGML_CPU_TILED_MM": "1"}) as (server,):
         with pytest.raises(RpcError, match=f"RPC server {server.endpoint} computes a batch of tokens differently"):
-            Model(smol_q2k_path, n_ctx=256, placement=rpc.Placement((server.endpoint,)))
+            PlacedModel(smol_q2k_path, n_ctx=256, placement=rpc.Placement((server.endpoint,)))
         Model(smol_q2k_path, n_ctx=256).close()  # the same model, local: accepted (the check is the server's)
 
 

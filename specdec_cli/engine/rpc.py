@@ -177,10 +177,11 @@ def retire(endpoint: str) -> None:
         _SPELLINGS[endpoint] = _SPELLINGS.get(endpoint, 0) + 1
 
 
-def devices(endpoints: Sequence[str]) -> list[int]:
+def devices(endpoints: Sequence[str], connected: Sequence[str] = ()) -> list[int]:
     """The ggml devices of these servers (probed first: a bad endpoint is an RpcError, not an abort)."""
     for endpoint in endpoints:
-        probe(endpoint)
+        if endpoint not in connected:  # a server this process holds already would not answer a second client
+            probe(endpoint)
     add_server = proc("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)
     lib = ggml()
     out: list[int] = []
@@ -265,11 +266,12 @@ def check_exact(model: Any, placement: Placement, n: int = 12) -> None:
                        "alone. Start them with `specdec rpc-server` (this build's kernels)")  # fmt: skip
 
 
-def place(mparams: Any, placement: Placement, n_gpu_layers: int, max_devices: int) -> list[Any]:
+def place(mparams: Any, placement: Placement, n_gpu_layers: int, max_devices: int,
+          connected: Sequence[str] = ()) -> list[Any]:  # fmt: skip
     """Point `mparams` at the servers' devices: every layer (or `n_gpu_layers` of them) there, split by
     `placement.tensor_split` (default: llama.cpp's, by the memory each server reports free). Returns what
     `mparams` points to, to keep alive until the load is done."""
-    devs = devices(placement.endpoints)
+    devs = devices(placement.endpoints, connected)
     arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
     keep: list[Any] = [arr]
     mparams.devices = ctypes.addressof(arr)

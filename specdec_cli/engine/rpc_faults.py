@@ -65,6 +65,11 @@ def listen(fn: Callable[[Loss], None]) -> Callable[[], None]:
     return unsubscribe
 
 
+def in_use() -> tuple[str, ...]:
+    with WATCH.lock:
+        return tuple(WATCH.in_use)
+
+
 def using(endpoints: Sequence[str], delta: int) -> None:
     with WATCH.lock:
         for e in endpoints:

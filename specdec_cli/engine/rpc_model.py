@@ -29,11 +29,13 @@ class PlacedModel(Model):
         place = self.placement
         assert place is not None
         rpc_faults.install_abort_callback()
-        keep = rpc.place(mparams, place, self._n_gpu_layers, int(self._C.LLAMA_MAX_DEVICES))  # noqa: F841
+        held = rpc_faults.in_use()  # servers another model of this process is on (connected already)
+        keep = rpc.place(mparams, place, self._n_gpu_layers, int(self._C.LLAMA_MAX_DEVICES), held)  # noqa: F841
         rpc_faults.using(place.endpoints, +1)
         self._counted = True
         try:
-            rpc_faults.isolated(lambda: super(PlacedModel, self)._open(mparams, init_context), place.endpoints)
+            rpc_faults.isolated(lambda: super(PlacedModel, self)._open(mparams, lambda: self._init(init_context)),
+                                place.endpoints)  # fmt: skip
         except rpc_faults.RpcLost:  # a server died while loading: that thread will not come back
             self.abandon()
             rpc_faults.forget(place.endpoints)
@@ -45,9 +47,12 @@ class PlacedModel(Model):
             self._uncount()
             raise
 
+    def _init(self, init_context: Any) -> None:
+        self.where = rpc.weights_by_device(log_lines())  # llama.cpp's load log (before the context's fills it)
+        init_context()
+
     def _ready(self) -> None:
         assert self.placement is not None
-        self.where = rpc.weights_by_device(log_lines())  # llama.cpp's load log, since the load began
         rpc.check_exact(self, self.placement)
 
     def _uncount(self) -> None:
