@@ -30,7 +30,6 @@ from specdec_cli.errors import RpcError, UsageError
 PROTOCOL = (7, 0, 0)  # RPC_PROTO_*_VERSION in ggml-rpc.h of llama-cpp-python 0.3.36's llama.cpp
 _HELLO = 14  # RPC_CMD_HELLO
 _CAPS = 24  # RPC_CONN_CAPS_SIZE
-DEFAULT_PORT = 50052
 
 
 def parse_endpoints(text: str | Sequence[str], what: str = "--rpc") -> tuple[str, ...]:
