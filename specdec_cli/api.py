@@ -59,6 +59,10 @@ from specdec_cli.rpc_link import RpcLink, placements
 __all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Message", "Prompt", "PromptTokens",
            "Speculator", "load"]
 
+# A parallel server calibrates batches of up to --parallel x (this + 1) tokens; bigger ones (a long pool
+# draft beside other slots) are priced by the slope of the last measured sizes.
+PARALLEL_CALIBRATED_K = 8
+
 class Speculator:
     """A loaded target (and draft) with their KV caches; see `load`."""
 
@@ -225,7 +229,7 @@ class Speculator:
                 from specdec_cli.calibration import parallel_starting_state
 
                 draft = None if self.cross or self.draft_broken else self.draft
-                k = DEFAULT_K[AUTO]
+                k = PARALLEL_CALIBRATED_K
                 state, draft_costs = parallel_starting_state(self.target, draft, self.n_threads,
                                                              self.parallel * (k + 1), self.parallel)  # fmt: skip
                 self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram, pool=self.pool,

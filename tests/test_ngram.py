@@ -179,12 +179,12 @@ def test_cost_gate_verifies_only_what_pays() -> None:
 
 
 def test_cost_gate_scores_each_position_once_it_is_known() -> None:
-    from specdec_cli.engine.drafters.gate import CostGate
+    from specdec_cli.engine.drafters.gate import MISS, CostGate
 
     g = CostGate()
     g.propose(2, [5, 6, 7])
     g.score([0, 0])  # nothing known yet
-    table = g.shadow.tables[False, False]  # proposed before any first token was known right
+    table = g.shadow.tables[MISS]  # proposed before any first token was known right
     assert table.tries == []
     g.score([0, 0, 5])  # the first token is right, two still unknown: position 0 counts now
     assert table.tries == [1.0] and table.hits == [1.0]

@@ -126,19 +126,19 @@ def test_what_long_matches_are_worth_is_remembered_across_requests(no_calibratio
 
 
 def test_long_pool_matches_are_priced_apart_and_kept_across_texts() -> None:
-    from specdec_cli.engine.drafters.gate import ShadowScore
+    from specdec_cli.engine.drafters.gate import HIT, LONG, ShadowScore
 
     shadow = ShadowScore()
     shadow.propose(0, [1, 2, 3], pool_match=ShadowScore.LONG_MATCH)
     shadow.score([1, 2, 3])
     shadow.propose(3, [7, 8])  # a short match (the context's)
-    assert shadow.acceptance is shadow.tables[True, False]  # priced by its own table
+    assert shadow.acceptance is shadow.tables[HIT]  # priced by its own table
     shadow.score([1, 2, 3, 7, 0])
-    assert shadow.tables[False, True].hits == [1.0, 1.0, 1.0]
-    assert shadow.tables[True, False].hits == [1.0, 0.0]
+    assert shadow.tables[LONG].hits == [1.0, 1.0, 1.0]
+    assert shadow.tables[HIT].hits == [1.0, 0.0]
     shadow.clear()  # a new text: in-context copying is mostly forgotten, long matches are not
-    assert shadow.tables[False, True].hits == [1.0, 1.0, 1.0]
-    assert shadow.tables[True, False].hits == [0.25, 0.0]
+    assert shadow.tables[LONG].hits == [1.0, 1.0, 1.0]
+    assert shadow.tables[HIT].hits == [0.25, 0.0]
     pool = TokenPool()
     pool.add([5, 6, 1, 2, 3, 4])
     d = NgramDrafter(2, 4, pool=pool)

@@ -43,7 +43,7 @@ DEFAULT_DRAFTER = AUTO
 
 # Defaults measured with `specdec bench` (README, "Drafters and draft length");
 # for AUTO the most it drafts (the cost model picks K below it every step).
-DEFAULT_K: dict[str, int] = {AUTO: 8, MODEL: 4, NGRAM: 8}
+DEFAULT_K: dict[str, int] = {AUTO: 16, MODEL: 4, NGRAM: 16}
 DEFAULT_NGRAM = (2, 4)
 DEFAULT_POOL_MB = 64.0  # the token pool of earlier prompts and outputs (about 900k tokens)
 DEFAULT_P_MIN = 0.0
