@@ -139,19 +139,21 @@ def calibrate(
 
 
 def starting_state(target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int) -> AutoState:
-    """The auto drafter's estimates before a run has measured anything: the calibration's, if any."""
-    return parallel_starting_state(target, draft, threads, max_batch)[0]
+    """The auto drafter's estimates before a run has measured anything: the calibration's, if any. One
+    generation's sizes are priced as the run measures them (the calibration scaled by how they compare)."""
+    return parallel_starting_state(target, draft, threads, max_batch, interpolate=False)[0]
 
 
 def parallel_starting_state(
-    target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int, draft_batch: int = 1
+    target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int, draft_batch: int = 1,
+    interpolate: bool = True,
 ) -> tuple[AutoState, BatchCosts]:
     """The starting estimates, and the draft's batch costs (rounds that draft for several slots at once)."""
     state = AutoState()
     draft_costs = BatchCosts(interpolate=True)
     cal = calibrate(target, draft, threads, max_batch, draft_batch)
     if cal is not None:
-        state.costs = BatchCosts(cal.relative, cal.target_one, interpolate=max_batch > DENSE)
+        state.costs = BatchCosts(cal.relative, cal.target_one, interpolate=interpolate and max_batch > DENSE)
         state.draft_token_seconds = cal.draft_one
         draft_costs = BatchCosts(cal.draft_relative, cal.draft_one, interpolate=True)
     return state, draft_costs
