@@ -12,9 +12,12 @@ alone), `--drafter ngram --pool-mb 0` (the per-request n-gram lookup), `--drafte
 token pool of earlier requests), specdec's default (auto, with the pool); with `--llama-cpp-bin`,
 llama-server plain, with `--spec-type ngram-mod` (its pool shared by all requests), and with ngram-mod
 and the pair's draft model (`--spec-type ngram-mod,draft-simple -md DRAFT --spec-draft-n-max 4`).
-Per server and kind of request: completion tokens over end-to-end time (request sent to last chunk),
-summed over the requests. Every figure is measured in this one run; the ratios are side by side.
-`--rounds N` runs every server N times in turn and reports medians (speed drifts between servers here).
+All servers are up at once (started afresh each round, specdec's calibrated as a user's are) and the
+workload is interleaved: each request goes to every server in turn, the order rotating, before the next
+request goes to any, so this machine's drifts in speed (15-40% over minutes) fall on all of them alike;
+each server sees the workload in its own order. Per server and kind of request: completion tokens over
+end-to-end time (request sent to last chunk), summed over the requests. Every figure is measured in this
+one run; the ratios are side by side. `--rounds N` repeats it all N times and reports medians.
 `--in-process none,ngram,auto`: the same workload through the Python API, a line per request (steps,
 drafts, tok/s), to see where a figure comes from.
 `--oracle`: the most any n-gram/suffix lookup could give on these texts: the target's own answers
@@ -28,6 +31,7 @@ workload's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -81,17 +85,23 @@ def kind(i: int) -> str:
 KINDS = ("first", "repeat", "control")
 
 
-def run_workload(base: str, max_tokens: int) -> dict[str, Tally]:
-    out = {k: Tally() for k in KINDS}
+def run_workload(bases: dict[str, str], max_tokens: int) -> dict[str, dict[str, Tally]]:
+    """The workload against every server at once, interleaved: request i goes to each server in turn (the
+    order rotating with i) before request i + 1 goes to any, so a drift in this machine's speed (15-40%
+    over minutes here) falls on all servers alike. Each server still sees the workload in its order."""
+    out = {label: {k: Tally() for k in KINDS} for label in bases}
+    labels = list(bases)
     with httpx.Client(timeout=600) as client:
-        one_request(base, "Say hello.", 8, client)  # warm-up (not counted, and no part of the workload)
+        for base in bases.values():
+            one_request(base, "Say hello.", 8, client)  # warm-up (not counted, and no part of the workload)
         for i, (_, prompt) in enumerate(WORKLOAD):
-            t0 = time.perf_counter()
-            _, _, tokens, text = one_request(base, prompt, max_tokens, client)
-            tally = out[kind(i)]
-            tally.tokens += tokens
-            tally.seconds += time.perf_counter() - t0
-            tally.texts.append(text)
+            for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
+                t0 = time.perf_counter()
+                _, _, tokens, text = one_request(bases[label], prompt, max_tokens, client)
+                tally = out[label][kind(i)]
+                tally.tokens += tokens
+                tally.seconds += time.perf_counter() - t0
+                tally.texts.append(text)
     return out
 
 
@@ -199,11 +209,12 @@ def main() -> None:
     target, draft = pair_files(args.pair)
     pair = ["--pair", args.pair] if args.pair else []
     common = [*pair, "--ctx-size", str(CTX), "--parallel", "1"]
+    calibrated = {"SPECDEC_CALIBRATE": "1"}  # as a user's server starts (the test fixture turns it off)
     servers: list[tuple[str, object]] = [
-        ("specdec --no-draft", lambda: live_server(*common, "--no-draft")),
-        ("specdec ngram, no pool", lambda: live_server(*common, "--drafter", "ngram", "--pool-mb", "0")),
-        ("specdec ngram + pool", lambda: live_server(*common, "--drafter", "ngram", *extra)),
-        ("specdec auto + pool", lambda: live_server(*common, *extra)),
+        ("specdec --no-draft", lambda: live_server(*common, "--no-draft", env=calibrated)),
+        ("specdec ngram, no pool", lambda: live_server(*common, "--drafter", "ngram", "--pool-mb", "0", env=calibrated)),
+        ("specdec ngram + pool", lambda: live_server(*common, "--drafter", "ngram", *extra, env=calibrated)),
+        ("specdec auto + pool", lambda: live_server(*common, *extra, env=calibrated)),
     ]
     if args.llama_cpp_bin is not None:
         binary = args.llama_cpp_bin / "llama-server"
@@ -218,13 +229,15 @@ def main() -> None:
         servers = [(label, start) for label, start in servers if label in wanted]
     runs: dict[str, list[dict[str, Tally]]] = {label: [] for label, _ in servers}
     for round_ in range(1, args.rounds + 1):
-        for label, start in servers:
-            with start() as server:  # type: ignore[operator]
-                base = server if isinstance(server, str) else server.base_url
-                runs[label].append(run_workload(base, args.max_tokens))
-            r = runs[label][-1]
-            print(f"round {round_} {label:26s} first {r['first'].rate:6.1f}  repeat {r['repeat'].rate:6.1f}  "
-                  f"control {r['control'].rate:6.1f} tok/s", flush=True)
+        with contextlib.ExitStack() as stack:  # every server up at once, started afresh each round
+            bases = {}
+            for label, start in servers:
+                server = stack.enter_context(start())  # type: ignore[operator]
+                bases[label] = server if isinstance(server, str) else server.base_url
+            for label, r in run_workload(bases, args.max_tokens).items():
+                runs[label].append(r)
+                print(f"round {round_} {label:26s} first {r['first'].rate:6.1f}  repeat {r['repeat'].rate:6.1f}  "
+                      f"control {r['control'].rate:6.1f} tok/s", flush=True)
     rate = {label: {k: statistics.median(r[k].rate for r in rs) for k in KINDS} for label, rs in runs.items()}
     alone = rate["specdec --no-draft"]
     rounds = f" (medians of {args.rounds} rounds)" if args.rounds > 1 else ""
