@@ -147,6 +147,31 @@ def test_long_pool_matches_are_priced_apart_and_kept_across_texts() -> None:
     assert d.propose(req).pool_match == 4  # the proposal says which pool match it continues
 
 
+def test_long_matches_share_one_table_after_a_hit_or_a_miss_and_start_trusted() -> None:
+    """A long pool match is priced by one table whatever the latest first token was (its drafts come true
+    after a miss as after a hit), and before any is scored that table trusts them more than in-context
+    copying is trusted: with batches that cost little more than a token, the first long draft of a
+    workload is verified far, a short one of the same length is not."""
+    from specdec_cli.engine.drafters.gate import LONG, MISS, CostGate, ShadowScore
+    from specdec_cli.engine.estimates import BatchCosts
+
+    shadow = ShadowScore()
+    shadow.propose(0, [7, 8])  # a short match, then its first token turns out wrong: the next comes after a miss
+    shadow.score([1, 2])
+    assert not shadow.last_ok
+    shadow.propose(2, [3, 4], pool_match=ShadowScore.LONG_MATCH)
+    assert shadow.acceptance is shadow.tables[LONG]
+    shadow.propose(2, [3, 4])
+    assert shadow.acceptance is shadow.tables[MISS]
+
+    cheap = {b: 1.0 + 0.12 * (b - 1) for b in range(2, 18)}  # the F32 target's shape: c(17) about 3
+    draft = list(range(16))
+    long_gate, short_gate = CostGate(BatchCosts(cheap, 0.02)), CostGate(BatchCosts(cheap, 0.02))
+    long_gate.propose(0, draft, pool_match=ShadowScore.LONG_MATCH)
+    short_gate.propose(0, draft, pool_match=ShadowScore.LONG_MATCH - 1)
+    assert long_gate.choose(16) >= 4 > short_gate.choose(16)
+
+
 def test_a_seeded_sampled_run_does_not_depend_on_the_pool(no_calibration: None) -> None:
     """Its text must depend on the seed alone: what earlier requests left in the pool must not change it."""
     with api.load(open_model=open_fake, n_ctx=1024, drafter="ngram") as spec:
