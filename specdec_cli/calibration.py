@@ -18,6 +18,7 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec_cli.engine import native
 from specdec_cli.engine.costs import batch_costs, draft_token_seconds
 from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.estimates import BatchCosts
@@ -125,6 +126,7 @@ def calibrate(
     target.rollback(0)
     if draft is not None:
         draft.rollback(0)
+    native.release_compute_threads()  # a parallel server calibrates on its main thread, then steps on another
     cal = Calibration(one, relative, draft_one, draft_relative)
     data = _read()
     data[key] = {"target_one": one, "relative": relative, "draft_one": draft_one, "draft_relative": draft_relative}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec_cli.engine import native
 from specdec_cli.errors import RpcError, UsageError
 
 PROTOCOL = (7, 0, 0)  # RPC_PROTO_*_VERSION in ggml-rpc.h of llama-cpp-python 0.3.36's llama.cpp
@@ -257,6 +258,7 @@ def check_exact(model: Any, placement: Placement, n: int = 12) -> None:
     model.reset()
     single = np.stack([np.array(model.decode([t])[0], copy=True) for t in ids])
     model.reset()
+    native.release_compute_threads()  # generations step on threads of their own (generation.py)
     if not np.array_equal(batch, single):
         several = len(placement.endpoints) > 1
         raise RpcError(f"the RPC server{'s' if several else ''} {', '.join(placement.endpoints)} "

@@ -32,6 +32,7 @@ from functools import partial
 
 import numpy as np
 
+from specdec_cli.engine import native
 from specdec_cli.engine.drafters import Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
 from specdec_cli.engine.protocol import LanguageModel
@@ -105,6 +106,7 @@ class SpeculativeGenerator:
             # text holds complete characters only; token_ids keep every token.
             self._decoder.reset()
             self.result.wall_seconds = time.perf_counter() - t_start
+            native.release_compute_threads()  # the next generation may step on another thread
 
     def _run(self) -> Iterator[Event]:
         cfg, target, res = self.config, self.target, self.result
