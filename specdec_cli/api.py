@@ -63,6 +63,7 @@ __all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Message",
 # draft beside other slots) are priced by the slope of the last measured sizes.
 PARALLEL_CALIBRATED_K = 8
 
+
 class Speculator:
     """A loaded target (and draft) with their KV caches; see `load`."""
 

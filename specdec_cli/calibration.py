@@ -150,12 +150,14 @@ def parallel_starting_state(
     target: LoadedModel, draft: LoadedModel | None, threads: int | None, max_batch: int, draft_batch: int = 1,
     interpolate: bool = True,
 ) -> tuple[AutoState, BatchCosts]:
-    """The starting estimates, and the draft's batch costs (rounds that draft for several slots at once)."""
+    """The starting estimates, and the draft's batch costs (rounds that draft for several slots at once).
+    `interpolate`: the target's sizes between calibrated ones are interpolated (a parallel server's sparse
+    sizes), not priced by the calibration scaled to what the run measures (one generation's)."""
     state = AutoState()
     draft_costs = BatchCosts(interpolate=True)
     cal = calibrate(target, draft, threads, max_batch, draft_batch)
     if cal is not None:
-        state.costs = BatchCosts(cal.relative, cal.target_one, interpolate=interpolate and max_batch > DENSE)
+        state.costs = BatchCosts(cal.relative, cal.target_one, interpolate=interpolate)
         state.draft_token_seconds = cal.draft_one
         draft_costs = BatchCosts(cal.draft_relative, cal.draft_one, interpolate=True)
     return state, draft_costs
