@@ -47,8 +47,8 @@ class ShadowScore:
     the others split by whether the latest proposal's first token turned out right. In-context
     copying is bimodal (inside a repeated passage every proposal is right, outside nearly none is);
     one table would average the two and verify neither well. A long earlier match is other
-    evidence: on the repeats of benchmarks/repeats.py every long-match proposal was right at 94-100%
-    of its positions, after a miss as after a hit, so those share one table, and what they are
+    evidence: on the repeats of benchmarks/repeats.py every long-match proposal came out right at
+    90-100% of its positions, after a miss as after a hit, so those share one table, and what they are
     worth is a property of the workload (are requests repeated?), not of one text: that table is
     kept across texts and starts from a higher prior (LONG_PRIOR: suffix decoding drafts a single
     earlier occurrence's continuation whole); the others are mostly forgotten when a new text begins.
