@@ -47,13 +47,13 @@ _GOMP: dict[str, Any] = {}
 def release_compute_threads() -> None:
     """Free the calling thread's OpenMP team, if ggml uses one (the next computation starts a new one:
     a thread start, well under a millisecond). Never frees another thread's team."""
-    lib = _GOMP.get("lib")
-    if lib is None:
-        try:  # only the copy ggml loaded: a build without OpenMP has none, and none is loaded for it
-            lib = _GOMP["lib"] = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+    pause = _GOMP.get("pause")
+    if pause is None:
+        try:  # only the copy ggml loaded (a build without OpenMP has none); a libgomp before OpenMP 5: none
+            pause = _GOMP["pause"] = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD).omp_pause_resource_all
         except (OSError, AttributeError):
             return
-    lib.omp_pause_resource_all(1)  # omp_pause_soft; refused (nonzero) inside a parallel region: harmless
+    pause(1)  # omp_pause_soft; refused (nonzero) inside a parallel region: harmless
 
 
 # llama.cpp's log goes through one process-wide callback: we keep the recent lines
