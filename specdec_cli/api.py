@@ -219,7 +219,8 @@ class Speculator:
             from specdec_cli.calibration import starting_state
 
             draft = self.draft if self.draft is not None and not self.draft_broken else None
-            self._auto = starting_state(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1)
+            self._auto = starting_state(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1,
+                                        same_vocab=not self.cross)
             self._auto_start = copy.deepcopy(self._auto)
         return self._auto
 

@@ -43,7 +43,9 @@ from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
 
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried
 RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model
-MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verified step
+MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verified step, uncalibrated
+CALIBRATED_WEIGHT = 6.0  # observations a calibrated agreement (calibration.py) is worth: one early miss
+# must not pause a draft that agrees 98% of the time (2 were: a miss in the first two steps paused it)
 RUN_PRIOR = 4.0  # draft-model steps assumed to follow one another, before any run is measured
 
 
