@@ -158,7 +158,7 @@ class FakeGGUF(FakeModel):
 
     def __init__(self, path: str | os.PathLike[str], *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_gpu_layers: int = 0, n_batch: int = 256, vocab_only: bool = False, n_seq: int = 1,
-                 unified: bool = False, placement: Placement | None = None) -> None:  # fmt: skip
+                 unified: bool = False, placement: Placement | None = None, exact: bool = True) -> None:  # fmt: skip
         if placement is not None:
             raise NotImplementedError("a fake model has no RPC placement: RPC is tested with real models")
         self.path = Path(path)

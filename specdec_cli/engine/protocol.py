@@ -116,4 +116,4 @@ class ModelOpener(Protocol):
 
     def __call__(self, path: str | os.PathLike[str], *, n_ctx: int = ..., n_threads: int | None = ...,
                  n_gpu_layers: int = ..., vocab_only: bool = ..., n_seq: int = ...,
-                 unified: bool = ..., placement: Placement | None = ...) -> LoadedModel: ...  # fmt: skip
+                 unified: bool = ..., placement: Placement | None = ..., exact: bool = ...) -> LoadedModel: ...  # fmt: skip

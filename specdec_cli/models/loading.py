@@ -133,7 +133,7 @@ class Loader:
         # drafting across tokenizers is per request (engine/drafters/cross.py): a parallel draft is one stream
         return open_model(self.choice.draft, n_ctx=self.n_ctx, n_threads=self.n_threads,
                           n_gpu_layers=self.draft_gpu_layers, n_seq=1 if cross else self.n_seq,
-                          unified=self.n_seq > 1, placement=self.draft_placement)  # fmt: skip
+                          unified=self.n_seq > 1, placement=self.draft_placement, exact=False)  # fmt: skip
 
 
 def load_pair(loader: Loader) -> tuple[LoadedModel, LoadedModel | None, bool]:
