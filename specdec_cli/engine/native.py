@@ -30,7 +30,7 @@ def usable_cores() -> int:
 # to single-token decoding. CPU kernels that break that are turned off: the tiled
 # K-quant matmul (taken above a batch-size floor), the repacked-weight GEMMs
 # ("extra buffer types", taken from 4 rows) and flash attention (the last two are
-# switched off per model, in engine/model.py).
+# switched off per model, in engine/model.py, for a target: a draft keeps them).
 # tests/test_engine.py checks bit-identity on the packaged models. ggml reads this
 # variable once per process.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
