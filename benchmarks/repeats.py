@@ -25,7 +25,7 @@ drafts, tok/s), to see where a figure comes from.
 and this request's own context) whose continuation matches the answer longest, drafted exactly as far
 as it is right (at most 16), each step priced at this machine's measured batch cost c(k+1) (calibration);
 per-step overheads left out. An upper bound for lookup drafting, to tell a policy's shortfall from the
-workload's.
+workload's. A report of the servers ends with that bound, measured after they stop (`--no-bound`: not).
 """
 
 from __future__ import annotations
@@ -130,8 +130,9 @@ def in_process(pair: str | None, drafters: list[str], max_tokens: int) -> None:
               f"control {out['control'].rate:6.1f} tok/s\n", flush=True)
 
 
-def oracle(pair: str | None, max_tokens: int, k_max: int = 16) -> None:
-    """The upper bound of lookup drafting on this workload's repeats (see the module's docstring)."""
+def oracle(pair: str | None, max_tokens: int, k_max: int = 16, quiet: bool = False) -> float:
+    """The upper bound of lookup drafting on this workload's repeats (see the module's docstring), in
+    units of the target alone; `quiet`: without the line per request."""
     import os
 
     import numpy as np
@@ -152,7 +153,8 @@ def oracle(pair: str | None, max_tokens: int, k_max: int = 16) -> None:
     measured = {1: 1.0, **cal.relative}  # calibration measures 1..9, then 12, 16, 17: the rest interpolated
     sizes = sorted(measured)
     cost = {b: float(np.interp(b, sizes, [measured[x] for x in sizes])) for b in range(1, k_max + 2)}
-    print("batch costs c(b): " + " ".join(f"{b}:{cost[b]:.2f}" for b in sorted(cost) if b in (2, 3, 5, 9, 17)))
+    if not quiet:
+        print("batch costs c(b): " + " ".join(f"{b}:{cost[b]:.2f}" for b in sorted(cost) if b in (2, 3, 5, 9, 17)))
     n_all = cost_all = 0.0
     for i, (group, _) in enumerate(WORKLOAD):
         if kind(i) != "repeat":
@@ -179,8 +181,11 @@ def oracle(pair: str | None, max_tokens: int, k_max: int = 16) -> None:
             pos += step
         n_all += len(out)
         cost_all += spent
-        print(f"{group:9s} {len(out):4d} tokens {steps:4d} steps  at most {len(out) / spent:5.2f}x the target alone")
-    print(f"all repeats: at most {n_all / cost_all:.2f}x the target alone (per-step overheads left out)")
+        if not quiet:
+            print(f"{group:9s} {len(out):4d} tokens {steps:4d} steps  at most {len(out) / spent:5.2f}x the target alone")
+    if not quiet:
+        print(f"all repeats: at most {n_all / cost_all:.2f}x the target alone (per-step overheads left out)")
+    return n_all / cost_all
 
 
 def main() -> None:
@@ -198,6 +203,8 @@ def main() -> None:
                          "auto; comma-separated), one line per request with its steps and drafts (a diagnosis)")
     ap.add_argument("--oracle", action="store_true", help="instead of servers: the upper bound of lookup drafting "
                     "on this workload's repeats, from the target's own answers and measured batch costs")
+    ap.add_argument("--no-bound", action="store_true", help="leave out the last line: the bound `--oracle` computes, "
+                    "measured after the servers stop (about a minute)")
     args = ap.parse_args()
     if args.oracle:
         oracle(args.pair, args.max_tokens)
@@ -251,6 +258,11 @@ def main() -> None:
               f"{r['repeat'] / r['first']:11.2f}x  {'':16s}{r['first'] / alone['first']:5.2f}x "
               f"{r['repeat'] / alone['repeat']:5.2f}x {r['control'] / alone['control']:6.2f}x  "
               f"{'yes' if same else 'no'}")
+    if not args.no_bound:  # the limit next to the figures: measured now, on this machine, after the servers stopped
+        bound = oracle(args.pair, args.max_tokens, quiet=True)
+        print(f"\nThe most any lookup drafting could give on these repeats here (`--oracle`: the target's own answers, "
+              f"each step drafted exactly as far as it is right, at most 16, at this machine's batch costs, per-step "
+              f"overheads left out): {bound:.2f}x the target alone.")
 
 
 if __name__ == "__main__":
