@@ -153,8 +153,8 @@ def oracle(pair: str | None, max_tokens: int, k_max: int = 16, quiet: bool = Fal
     measured = {1: 1.0, **cal.relative}  # calibration measures 1..9, then 12, 16, 17: the rest interpolated
     sizes = sorted(measured)
     cost = {b: float(np.interp(b, sizes, [measured[x] for x in sizes])) for b in range(1, k_max + 2)}
-    if not quiet:
-        print("batch costs c(b): " + " ".join(f"{b}:{cost[b]:.2f}" for b in sorted(cost) if b in (2, 3, 5, 9, 17)))
+    say = (lambda *_: None) if quiet else print
+    say("batch costs c(b): " + " ".join(f"{b}:{cost[b]:.2f}" for b in sorted(cost) if b in (2, 3, 5, 9, 17)))
     n_all = cost_all = 0.0
     for i, (group, _) in enumerate(WORKLOAD):
         if kind(i) != "repeat":
@@ -181,10 +181,8 @@ def oracle(pair: str | None, max_tokens: int, k_max: int = 16, quiet: bool = Fal
             pos += step
         n_all += len(out)
         cost_all += spent
-        if not quiet:
-            print(f"{group:9s} {len(out):4d} tokens {steps:4d} steps  at most {len(out) / spent:5.2f}x the target alone")
-    if not quiet:
-        print(f"all repeats: at most {n_all / cost_all:.2f}x the target alone (per-step overheads left out)")
+        say(f"{group:9s} {len(out):4d} tokens {steps:4d} steps  at most {len(out) / spent:5.2f}x the target alone")
+    say(f"all repeats: at most {n_all / cost_all:.2f}x the target alone (per-step overheads left out)")
     return n_all / cost_all
 
 
