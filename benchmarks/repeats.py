@@ -18,8 +18,9 @@ request goes to any, so this machine's drifts in speed (15-40% over minutes) fal
 each server sees the workload in its own order. Per server and kind of request: completion tokens over
 end-to-end time (request sent to last chunk), summed over the requests. Every figure is measured in this
 one run; the ratios are side by side. `--rounds N` repeats it all N times and reports medians.
-`--in-process none,ngram,auto`: the same workload through the Python API, a line per request (steps,
-drafts, tok/s), to see where a figure comes from.
+`--in-process none,ngram,auto`: the same workload through the Python API, the pair loaded as the servers
+load it, a line per request (steps, drafts, tok/s, and each step's choice: M the draft model, n the lookup,
+. a plain decode), to see where a figure comes from.
 `--oracle`: the most any n-gram/suffix lookup could give on these texts: the target's own answers
 (greedy, alone), then for each repeat, step by step, the earlier text (every earlier prompt and answer,
 and this request's own context) whose continuation matches the answer longest, drafted exactly as far
@@ -105,14 +106,15 @@ def run_workload(bases: dict[str, str], max_tokens: int) -> dict[str, dict[str, 
     return out
 
 
+STEP_MARK = {"model": "M", "ngram": "n", None: "."}  # a step's choice: draft model, lookup, plain decode
+
+
 def in_process(pair: str | None, drafters: list[str], max_tokens: int) -> None:
     """Each drafter through the API, one loaded pair per drafter (its pool and what auto learned start empty)."""
     from specdec_cli import api
 
-    target, draft = pair_files(pair)
-    for name in drafters:
-        no_draft = name in ("none", "ngram")
-        spec = api.load(target, None if no_draft else draft, drafter=None if name == "none" else name, n_ctx=CTX)
+    for name in drafters:  # the pair as a server loads it (its draft_max from models.toml)
+        spec = api.load(pair=pair, drafter=None if name == "none" else name, n_ctx=CTX)
         with spec:
             spec.generate([{"role": "user", "content": "Say hello."}], max_tokens=8)  # warm-up, as the servers'
             out = {k: Tally() for k in KINDS}
@@ -123,9 +125,10 @@ def in_process(pair: str | None, drafters: list[str], max_tokens: int) -> None:
                 tally = out[kind(i)]
                 tally.tokens += len(g.token_ids)
                 tally.seconds += seconds
+                choices = "".join(STEP_MARK.get(step.drafter, "?") for step in g.steps)
                 print(f"{name:5s} {group:9s} {kind(i):8s} {len(g.token_ids):4d} tokens {len(g.steps):4d} steps "
-                      f"drafted {g.stats.drafted:4d} accepted {g.stats.accepted:4d}  {len(g.token_ids) / seconds:6.1f} tok/s",
-                      flush=True)  # fmt: skip
+                      f"drafted {g.stats.drafted:4d} accepted {g.stats.accepted:4d}  {len(g.token_ids) / seconds:6.1f} tok/s  "
+                      f"{choices}", flush=True)  # fmt: skip
         print(f"{name:5s} first {out['first'].rate:6.1f}  repeat {out['repeat'].rate:6.1f}  "
               f"control {out['control'].rate:6.1f} tok/s\n", flush=True)
 
