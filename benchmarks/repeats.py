@@ -41,6 +41,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.serve_bench import llama_server, one_request, pair_files
+from specdec_cli.engine.settings import MODEL, NGRAM
 from tests.server_fixtures import live_server
 
 CTX = 2048
@@ -106,7 +107,7 @@ def run_workload(bases: dict[str, str], max_tokens: int) -> dict[str, dict[str, 
     return out
 
 
-STEP_MARK = {"model": "M", "ngram": "n", None: "."}  # a step's choice: draft model, lookup, plain decode
+STEP_MARK = {MODEL: "M", NGRAM: "n", None: "."}  # a step's choice: draft model, lookup, plain decode
 
 
 def in_process(pair: str | None, drafters: list[str], max_tokens: int) -> None:
@@ -201,7 +202,7 @@ def main() -> None:
                     "gives each figure's median over the rounds (this machine's speed drifts between servers)")
     ap.add_argument("--in-process", default=None, metavar="DRAFTERS",
                     help="instead of servers: the workload through the Python API, once per drafter (none, ngram, "
-                         "auto; comma-separated), one line per request with its steps and drafts (a diagnosis)")
+                         "auto; comma-separated), one line per request with its steps, drafts and choices (a diagnosis)")
     ap.add_argument("--oracle", action="store_true", help="instead of servers: the upper bound of lookup drafting "
                     "on this workload's repeats, from the target's own answers and measured batch costs")
     ap.add_argument("--no-bound", action="store_true", help="leave out the last line: the bound `--oracle` computes, "
