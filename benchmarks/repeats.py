@@ -24,8 +24,8 @@ load it, a line per request (steps, drafts, tok/s, and each step's choice: M the
 `--oracle`: the most any n-gram/suffix lookup could give on these texts: the target's own answers
 (greedy, alone), then for each repeat, step by step, the earlier text (every earlier prompt and answer,
 and this request's own context) whose continuation matches the answer longest, drafted exactly as far
-as it is right (at most 16), each step priced at this machine's measured batch cost c(k+1) (calibration);
-per-step overheads left out. An upper bound for lookup drafting, to tell a policy's shortfall from the
+as it is right (at most 64, the lookup's longest draft), each step priced at this machine's measured
+batch cost c(k+1) (calibration); per-step overheads left out. An upper bound for lookup drafting, to tell a policy's shortfall from the
 workload's. A report of the servers ends with that bound, measured after they stop (`--no-bound`: not).
 """
 
@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.serve_bench import llama_server, one_request, pair_files
-from specdec_cli.engine.settings import MODEL, NGRAM
+from specdec_cli.engine.settings import MAX_DRAFT, MODEL, NGRAM
 from tests.server_fixtures import live_server
 
 CTX = 2048
@@ -134,7 +134,7 @@ def in_process(pair: str | None, drafters: list[str], max_tokens: int) -> None:
               f"control {out['control'].rate:6.1f} tok/s\n", flush=True)
 
 
-def oracle(pair: str | None, max_tokens: int, k_max: int = 16, quiet: bool = False) -> float:
+def oracle(pair: str | None, max_tokens: int, k_max: int = MAX_DRAFT, quiet: bool = False) -> float:
     """The upper bound of lookup drafting on this workload's repeats (see the module's docstring), in
     units of the target alone; `quiet`: without the line per request."""
     import os
@@ -154,7 +154,7 @@ def oracle(pair: str | None, max_tokens: int, k_max: int = 16, quiet: bool = Fal
             ids = spec.tokenize([{"role": "user", "content": prompt}]).ids
             g = spec.generate([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0.0)
             texts.append((list(ids), list(g.token_ids)))
-    measured = {1: 1.0, **cal.relative}  # calibration measures 1..9, then 12, 16, 17: the rest interpolated
+    measured = {1: 1.0, **cal.relative}  # calibration measures 1..9, then 12, 16, 24, 32, 48, 64, 65: the rest interpolated
     sizes = sorted(measured)
     cost = {b: float(np.interp(b, sizes, [measured[x] for x in sizes])) for b in range(1, k_max + 2)}
     say = (lambda *_: None) if quiet else print
@@ -263,7 +263,7 @@ def main() -> None:
     if not args.no_bound:  # the limit next to the figures: measured now, on this machine, after the servers stopped
         bound = oracle(args.pair, args.max_tokens, quiet=True)
         print(f"\nThe most any lookup drafting could give on these repeats here (`--oracle`: the target's own answers, "
-              f"each step drafted exactly as far as it is right, at most 16, at this machine's batch costs, per-step "
+              f"each step drafted exactly as far as it is right, at most {MAX_DRAFT}, at this machine's batch costs, per-step "
               f"overheads left out): {bound:.2f}x the target alone.")
 
 

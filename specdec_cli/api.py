@@ -62,6 +62,11 @@ __all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Message",
 # A parallel server calibrates batches of up to --parallel x (this + 1) tokens; bigger ones (a long pool
 # draft beside other slots) are priced by the slope of the last measured sizes.
 PARALLEL_CALIBRATED_K = 8
+# One generation calibrates batches of up to this + 1; longer lookup drafts (up to MAX_DRAFT) are priced by
+# the mean slope of those sizes until the run has timed their own. On 2026-11-24's Xeon the slope priced a
+# batch of 65 at 10.75 single decodes of the F32 target where it measured 9.96 (38.79 against 35.73 on the
+# default pair): a little high, and calibrating up to 65 took 7.0 s against 3.6 s (6.9 against 3.0).
+CALIBRATED_K = 16
 
 
 class Speculator:
@@ -213,13 +218,13 @@ class Speculator:
             return list(ids)
         return self.draft.tokenize(self.target.detokenize(ids), add_special=True, parse_special=False)
 
-    def auto_state(self, k_max: int) -> AutoState:
+    def auto_state(self) -> AutoState:
         """The auto drafter's estimates: calibrated costs to start (calibration.py), then the runs' own."""
         if self._auto is None:
             from specdec_cli.calibration import starting_state
 
             draft = self.draft if self.draft is not None and not self.draft_broken else None
-            self._auto = starting_state(self.target, draft, self.n_threads, max(k_max, DEFAULT_K[AUTO]) + 1,
+            self._auto = starting_state(self.target, draft, self.n_threads, CALIBRATED_K + 1,
                                         same_vocab=not self.cross)
             self._auto_start = copy.deepcopy(self._auto)
         return self._auto

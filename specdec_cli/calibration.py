@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec_cli.engine import native
-from specdec_cli.engine.costs import batch_costs, draft_token_seconds
+from specdec_cli.engine.costs import batch_costs, draft_token_seconds, sizes_for
 from specdec_cli.engine.drafters.auto import CALIBRATED_WEIGHT, AutoState
 from specdec_cli.engine.estimates import Acceptance, BatchCosts
 from specdec_cli.engine.native import usable_cores
@@ -50,10 +50,6 @@ PROBE_TEXT = (
 )
 
 
-DENSE = 9  # batch sizes up to this are all measured; above it (a parallel server's batches), a few
-SPARSE = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
 @dataclass(frozen=True)
 class Calibration:
     target_one: float  # seconds for one single-token target decode
@@ -61,13 +57,6 @@ class Calibration:
     draft_one: float | None  # seconds for one single-token draft decode
     draft_relative: dict[int, float] = field(default_factory=dict)  # the draft's c(b), b = 2..slots (parallel)
     draft_agreement: float | None = None  # P(the draft's greedy token is the target's), PROBE_TEXT; same vocabulary only
-
-
-def sizes_for(max_batch: int) -> list[int]:
-    """The batch sizes calibration measures: every one up to DENSE, then a few, then max_batch."""
-    sizes = list(range(2, min(max_batch, DENSE) + 1))
-    sizes += [b for b in SPARSE if DENSE < b < max_batch]
-    return sizes + ([max_batch] if max_batch > DENSE else [])
 
 
 def _cpu() -> str:

@@ -31,7 +31,7 @@ class Speculator(Protocol):
     _gate: CostGate
     _auto_start: AutoState | None
 
-    def auto_state(self, k_max: int) -> AutoState: ...
+    def auto_state(self) -> AutoState: ...
 
 
 def ngram_drafter(spec: Speculator, config: GenerateOptions) -> NgramDrafter:
@@ -40,9 +40,9 @@ def ngram_drafter(spec: Speculator, config: GenerateOptions) -> NgramDrafter:
     return NgramDrafter(*spec.ngram, pool=None if config.reproducible else spec.pool)
 
 
-def reproducible_auto_state(spec: Speculator, k_max: int) -> AutoState:
+def reproducible_auto_state(spec: Speculator) -> AutoState:
     """For a seeded sampled run: the starting costs every time, learning nothing from timings."""
-    spec.auto_state(k_max)
+    spec.auto_state()
     assert spec._auto_start is not None
     state = copy.deepcopy(spec._auto_start)
     state.learn_costs = False
@@ -57,7 +57,7 @@ def make_drafter(spec: Speculator, kind: str, config: GenerateOptions) -> Drafte
         if spec.draft is not None and not spec.draft_broken:
             model = model_drafter(spec, config, window=WINDOW)
         k = config.k_max
-        state = reproducible_auto_state(spec, k) if config.reproducible else spec.auto_state(k)
+        state = reproducible_auto_state(spec) if config.reproducible else spec.auto_state()
         return AutoDrafter(ngram_drafter(spec, config), model, k, state, spec.choice.draft_max)
     if kind == MODEL and spec.draft is not None:
         inner = model_drafter(spec, config)

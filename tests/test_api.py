@@ -185,7 +185,7 @@ def test_a_seeded_sampled_run_repeats_whatever_the_timings(smol: Model, smol_q2k
     first = spec.generate("Write a line about the sea.", **kw).token_ids
 
     def learn_that_drafting_pays() -> None:  # as timings on an idle machine and a lucky run might teach it
-        state = spec.auto_state(8)
+        state = spec.auto_state()
         for _ in range(20):
             for b in range(1, 10):
                 state.costs.observe(b, 0.01 * (1 + 0.05 * (b - 1)))

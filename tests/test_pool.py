@@ -71,6 +71,20 @@ def test_the_budget_drops_the_oldest_texts_first() -> None:
     TokenPool(0).add([1, 2, 3, 4])  # a zero budget keeps nothing, and says nothing
 
 
+def test_a_word_for_word_repeat_is_matched_on_the_whole_context() -> None:
+    """A context that is an earlier text's beginning (a retried request) is matched on all of it, past
+    n_max, and earns a draft as long as that; the same tokens inside or after other tokens do not."""
+    text = list(range(100, 200))
+    pool = TokenPool(n_min=2, n_max=8)
+    pool.add([1, 2, 3])
+    pool.add(text)
+    assert pool.propose(text[:40], 64) == (text[40:80], 40)  # a draft as long as the match
+    assert pool.propose(text[:70], 64) == (text[70:100], 70)  # ... until the earlier text ends
+    assert pool.propose(text[10:50], 64) == (text[50:58], 8)  # the middle of a text: n_max
+    assert pool.propose([7, *text[:40]], 64) == (text[40:48], 8)  # more than the earlier beginning
+    assert pool.propose(text[:5], 3) == (text[5:8], 5)  # a context within n_max: its whole length too
+
+
 texts = st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=12), min_size=1, max_size=6)
 
 
@@ -125,15 +139,54 @@ def test_what_long_matches_are_worth_is_remembered_across_requests(no_calibratio
         assert min(first_steps) >= 4, [len(s.drafted) for s in last.steps]
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "auto"])
+def test_a_word_for_word_repeat_drafts_past_16_and_stays_exact(no_calibration: None, drafter: str) -> None:
+    """Once a retried request has come true, the next one is priced by its own table (REPEAT) and drafts up
+    to 64 tokens a step, not the 16 a long match inside a changed text is worth."""
+    with api.load(open_model=open_fake, n_ctx=1024, drafter=drafter) as spec:
+        first = spec.generate(PROMPT, max_tokens=128)
+        spec.generate(PROMPT, max_tokens=128)
+        again = spec.generate(PROMPT, max_tokens=128)
+        assert again.token_ids == first.token_ids
+        drafted = [len(s.drafted) for s in again.steps]
+        assert max(drafted) > 16 and len(drafted) <= 4, drafted
+
+
+def test_a_repeat_so_far_is_priced_apart_from_long_matches() -> None:
+    """A proposal matched on the whole context is priced by the REPEAT table (kept across texts); one
+    matched on fewer tokens by LONG. Repeats that came true to their end are then drafted far, while long
+    matches that broke after four tokens are drafted short."""
+    from specdec_cli.engine.drafters.gate import LONG, REPEAT, CostGate
+    from specdec_cli.engine.estimates import BatchCosts
+
+    costs = {b: 1.0 + 0.14 * (b - 1) for b in range(2, 18)}  # the F32 target's shape: c(17) about 3.2
+    gate = CostGate(BatchCosts(costs, 0.02))
+    text = list(range(1000, 1300))
+    for start in (40, 104, 168):  # a repeat's proposals, all right
+        gate.propose(start, text[start : start + 64], pool_match=start)
+        assert gate.shadow.regime == REPEAT
+        gate.score(text[: start + 64])
+    for start in (40, 60, 80):  # long matches in a changed text: right for 4 tokens
+        gate.propose(start, [*text[start : start + 4], *range(16)], pool_match=32)
+        assert gate.shadow.regime == LONG
+        gate.score(text[: start + 20])
+    gate.shadow.clear()  # a new text: both tables are kept
+    gate.propose(50, text[50:114], pool_match=50)
+    assert gate.choose(64) >= 48
+    gate.propose(50, text[50:114], pool_match=32)
+    assert gate.choose(64) <= 8
+
+
 def test_long_pool_matches_are_priced_apart_and_kept_across_texts() -> None:
     from specdec_cli.engine.drafters.gate import HIT, LONG, ShadowScore
 
     shadow = ShadowScore()
-    shadow.propose(0, [1, 2, 3], pool_match=ShadowScore.LONG_MATCH)
-    shadow.score([1, 2, 3])
-    shadow.propose(3, [7, 8])  # a short match (the context's)
+    head = [9] * 20  # the context before: longer than the match (else the whole context repeats, REPEAT)
+    shadow.propose(20, [1, 2, 3], pool_match=ShadowScore.LONG_MATCH)
+    shadow.score([*head, 1, 2, 3])
+    shadow.propose(23, [7, 8])  # a short match (the context's)
     assert shadow.acceptance is shadow.tables[HIT]  # priced by its own table
-    shadow.score([1, 2, 3, 7, 0])
+    shadow.score([*head, 1, 2, 3, 7, 0])
     assert shadow.tables[LONG].hits == [1.0, 1.0, 1.0]
     assert shadow.tables[HIT].hits == [1.0, 0.0]
     shadow.clear()  # a new text: in-context copying is mostly forgotten, long matches are not
@@ -156,19 +209,20 @@ def test_long_matches_share_one_table_after_a_hit_or_a_miss_and_start_trusted() 
     from specdec_cli.engine.estimates import BatchCosts
 
     shadow = ShadowScore()
-    shadow.propose(0, [7, 8])  # a short match, then its first token turns out wrong: the next comes after a miss
-    shadow.score([1, 2])
+    head = [9] * 20  # the context before: longer than the match (else the whole context repeats, REPEAT)
+    shadow.propose(20, [7, 8])  # a short match, then its first token turns out wrong: the next comes after a miss
+    shadow.score([*head, 1, 2])
     assert not shadow.last_ok
-    shadow.propose(2, [3, 4], pool_match=ShadowScore.LONG_MATCH)
+    shadow.propose(22, [3, 4], pool_match=ShadowScore.LONG_MATCH)
     assert shadow.acceptance is shadow.tables[LONG]
-    shadow.propose(2, [3, 4])
+    shadow.propose(22, [3, 4])
     assert shadow.acceptance is shadow.tables[MISS]
 
     cheap = {b: 1.0 + 0.12 * (b - 1) for b in range(2, 18)}  # the F32 target's shape: c(17) about 3
     draft = list(range(16))
     long_gate, short_gate = CostGate(BatchCosts(cheap, 0.02)), CostGate(BatchCosts(cheap, 0.02))
-    long_gate.propose(0, draft, pool_match=ShadowScore.LONG_MATCH)
-    short_gate.propose(0, draft, pool_match=ShadowScore.LONG_MATCH - 1)
+    long_gate.propose(20, draft, pool_match=ShadowScore.LONG_MATCH)
+    short_gate.propose(20, draft, pool_match=ShadowScore.LONG_MATCH - 1)
     assert long_gate.choose(16) >= 4 > short_gate.choose(16)
 
 

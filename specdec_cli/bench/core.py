@@ -28,7 +28,7 @@ from typing import Any
 
 from specdec_cli.api import GenerateOptions, PromptTokens, Speculator
 from specdec_cli.bench.prompts import PROMPTS, BenchPrompt
-from specdec_cli.engine.costs import batch_costs, draft_token_seconds
+from specdec_cli.engine.costs import batch_costs, draft_token_seconds, sizes_for
 from specdec_cli.engine.estimates import BatchCosts, perfect_speedup
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.settings import AUTO, DEFAULT_K, DRAFTERS, MODEL, NONE
@@ -192,10 +192,11 @@ class Costs:
 
 
 def measure_costs(spec: Speculator, prompt: PromptTokens, k_max: int) -> Costs:
-    """Single-token and batch decode times of the target, and the draft's per-token time (median of repeats)."""
+    """Single-token and batch decode times of the target (every batch size up to 9, a few above: 2 to 65
+    would take a minute on the default pair), and the draft's per-token time (median of repeats)."""
     base = prompt.ids[: max(1, min(len(prompt.ids), spec.n_ctx - k_max - 2))]
     probe = (base * (k_max + 1))[: k_max + 1]
-    one, relative = batch_costs(spec.target, base, probe, k_max + 1)
+    one, relative = batch_costs(spec.target, base, probe, k_max + 1, sizes=sizes_for(k_max + 1))
     d = 0.0
     if spec.draft is not None:  # in the draft's own tokens of the same text (its tokenizer may differ)
         d_base = spec.draft_tokens(base)
@@ -203,7 +204,7 @@ def measure_costs(spec: Speculator, prompt: PromptTokens, k_max: int) -> Costs:
     spec.target.rollback(0)
     if spec.draft is not None:
         spec.draft.rollback(0)
-    return Costs(one, BatchCosts(relative, one), d)
+    return Costs(one, BatchCosts(relative, one, interpolate=True), d)  # the sizes between, interpolated
 
 
 def step_units(step: Step, costs: Costs) -> tuple[float, float]:

@@ -14,6 +14,17 @@ from collections.abc import Sequence
 
 from specdec_cli.engine.protocol import LanguageModel
 
+DENSE = 9  # batch sizes up to this are all measured; above it (a parallel server's batches, long drafts), a few
+SPARSE = (12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def sizes_for(max_batch: int) -> list[int]:
+    """The batch sizes worth timing up to max_batch: every one up to DENSE, then a few, then max_batch
+    (costs grow about linearly past a few tokens: the sizes between are interpolated)."""
+    sizes = list(range(2, min(max_batch, DENSE) + 1))
+    sizes += [b for b in SPARSE if DENSE < b < max_batch]
+    return sizes + ([max_batch] if max_batch > DENSE else [])
+
 
 def median_decode_seconds(m: LanguageModel, base: Sequence[int], batch: Sequence[int], repeats: int) -> float:
     """Median time to decode `batch` after `base`, logits at every row (a verification batch)."""

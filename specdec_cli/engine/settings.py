@@ -41,15 +41,16 @@ AUTO, MODEL, NGRAM, NONE = DrafterKind.AUTO, DrafterKind.MODEL, DrafterKind.NGRA
 DRAFTERS = (AUTO, MODEL, NGRAM)
 DEFAULT_DRAFTER = AUTO
 
-# Defaults measured with `specdec bench` (README, "Drafters and draft length");
-# for AUTO the most it drafts (the cost model picks K below it every step).
-DEFAULT_K: dict[str, int] = {AUTO: 16, MODEL: 4, NGRAM: 16}
+MAX_DRAFT = 64  # a verification batch of K+1 rows; past this no drafter pays for itself
+# Defaults measured with `specdec bench` and benchmarks/repeats.py (README, "Drafters and draft length").
+# For AUTO and NGRAM the most a lookup drafts: each step's length is priced (estimates.py) from the
+# acceptance of its regime (drafters/gate.py); a word-for-word repeat of an earlier text drafts whole.
+DEFAULT_K: dict[str, int] = {AUTO: MAX_DRAFT, MODEL: 4, NGRAM: MAX_DRAFT}
 DEFAULT_NGRAM = (2, 4)
 DEFAULT_POOL_MB = 64.0  # the token pool of earlier prompts and outputs (about 900k tokens)
 DEFAULT_P_MIN = 0.0
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_CTX = 4096
-MAX_DRAFT = 64  # a verification batch of K+1 rows; past this no drafter pays for itself
 MAX_SEED = 2**64 - 1  # numpy's SeedSequence takes any non-negative int; we keep it to 64 bits
 MAX_PARALLEL = 64
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, best_length
 
-LONG, HIT, MISS = "long pool match", "after a right first token", "after a wrong one"
+REPEAT, LONG, HIT, MISS = "repeat so far", "long pool match", "after a right first token", "after a wrong one"
 
 
 class ShadowScore:
@@ -42,7 +42,7 @@ class ShadowScore:
     verified ones, and a proposal whose first tokens come true teaches that at once,
     not only when all of it is known (inside a repeated passage, verifying one token
     a step until eight-token proposals were whole cost five steps per text).
-    Acceptance is kept in three tables by regime: a proposal that continues a long match in the
+    Acceptance is kept in tables by regime: a proposal that continues a long match in the
     token pool (pool.py: a passage of an earlier text, matched on at least LONG_MATCH tokens), and
     the others split by whether the latest proposal's first token turned out right. In-context
     copying is bimodal (inside a repeated passage every proposal is right, outside nearly none is);
@@ -52,6 +52,12 @@ class ShadowScore:
     worth is a property of the workload (are requests repeated?), not of one text: that table is
     kept across texts and starts from a higher prior (LONG_PRIOR: suffix decoding drafts a single
     earlier occurrence's continuation whole); the others are mostly forgotten when a new text begins.
+    A match that covers the whole context (the text so far is, word for word, the beginning of an
+    earlier one: a retried request, a regenerated answer) has a table of its own, REPEAT, also kept:
+    with greedy decoding such a text goes on as before, so its drafts come true to their end, while a
+    long match inside a changed text (the code ask with one name changed) breaks within a few tokens;
+    in one table the breaks priced the retries' drafts short, and the retries priced the changed texts'
+    long (49 tokens drafted, 4 right, on the F32 pair's code repeat with drafts of up to 64).
     """
 
     MAX_PENDING = 16
@@ -59,16 +65,18 @@ class ShadowScore:
     LONG_PRIOR = 0.8
 
     def __init__(self) -> None:
-        self.tables = {LONG: Acceptance(prior=self.LONG_PRIOR), HIT: Acceptance(), MISS: Acceptance()}
+        self.tables = {REPEAT: Acceptance(prior=self.LONG_PRIOR), LONG: Acceptance(prior=self.LONG_PRIOR),
+                       HIT: Acceptance(), MISS: Acceptance()}
         self.last_ok = False
         self.long = False  # the latest proposal continues a long pool match
+        self.repeat = False  # ... one that covers the whole context: the text so far repeats an earlier one
         # (context length, proposal, regime, positions recorded so far)
         self._pending: deque[tuple[int, list[int], str, int]] = deque()
 
     @property
     def regime(self) -> str:
-        """The latest proposal's regime: LONG, else HIT or MISS by the latest known first token."""
-        return LONG if self.long else HIT if self.last_ok else MISS
+        """The latest proposal's regime: REPEAT, else LONG, else HIT or MISS by the latest known first token."""
+        return REPEAT if self.repeat else LONG if self.long else HIT if self.last_ok else MISS
 
     @property
     def acceptance(self) -> Acceptance:
@@ -79,13 +87,14 @@ class ShadowScore:
         """A new text begins: pending proposals go, and what in-context copying taught on earlier
         texts counts for a quarter (how well it works depends on the text)."""
         self._pending.clear()
-        self.last_ok = self.long = False
+        self.last_ok = self.long = self.repeat = False
         self.tables[HIT].forget(0.25)
         self.tables[MISS].forget(0.25)
 
     def propose(self, context_len: int, proposal: Sequence[int], pool_match: int = 0) -> None:
         """Queue a proposal for scoring; `pool_match`: the length of the pool match it continues."""
         self.long = pool_match >= self.LONG_MATCH
+        self.repeat = pool_match >= max(1, context_len)
         if proposal:
             if len(self._pending) >= self.MAX_PENDING:
                 self._pending.popleft()

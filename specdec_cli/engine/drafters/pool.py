@@ -166,7 +166,9 @@ class TokenPool:
 
     # -------------------------------------------------------------- drafts
     def propose(self, context: Sequence[int], k: int) -> tuple[list[int], int]:
-        """Up to `k` tokens to follow `context`, and the length of the match they come from (0: none)."""
+        """Up to `k` tokens to follow `context`, and the length of the match they come from (0: none):
+        `len(context)` when the whole context is the beginning of an earlier text (a word-for-word
+        repeat so far), else at most `n_max`."""
         n = self.n_min
         if k < 1 or len(context) < n:
             return [], 0
@@ -185,6 +187,10 @@ class TokenPool:
                     best, matched = m, [pos]
                 elif m == best:
                     matched.append(pos)
+            if best == limit:  # as far as the walk goes: is the whole context an earlier text's beginning?
+                whole = self._repeats(context, matched)
+                if whole:
+                    best, matched = len(context), whole
             cap = min(k, max(1, int(self.spec_factor * best)))
             out: list[int] = []
             while matched and len(out) < cap:
@@ -203,6 +209,14 @@ class TokenPool:
                 out.append(tok)
                 matched = [pos + 1 for pos in matched if toks[pos] == tok]
             return out, best
+
+    def _repeats(self, context: Sequence[int], matched: list[int]) -> list[int]:
+        """Those of `matched` (positions just after a match) preceded by the whole context, from an earlier
+        text's first token on. One slice comparison each: this runs only for matches as long as the walk."""
+        toks, n = self._tokens, len(context)
+        ctx = list(context)
+        return [pos for pos in matched
+                if pos >= n and (pos == n or toks[pos - n - 1] == SEPARATOR) and toks[pos - n : pos] == ctx]
 
 
 def remove_stale_temporaries(path: Path) -> None:
