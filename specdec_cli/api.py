@@ -95,6 +95,7 @@ class Speculator:
         self.drafter = drafter  # the default kind for `generate`
         self.ngram = ngram
         self.pool = pool  # earlier prompts and outputs, for the n-gram lookup (engine/drafters/pool.py)
+        self.remember = True  # False: generations read the pool, add nothing to it (bench: each run a first ask)
         self.pool_file: Path | None = None  # where the pool is saved at close (`--ngram-cache`)
         self._pool_stamp = ""  # the vocabulary's fingerprint, written with the pool (computed once: a whole vocabulary)
         self.n_threads = n_threads
@@ -197,7 +198,7 @@ class Speculator:
 
     # ------------------------------------------------------------ helpers
     def _remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
-        if self.pool is not None:
+        if self.pool is not None and self.remember:
             self.pool.add([*prompt, *output])
 
     def _draft_dropped(self, reason: str) -> None:

@@ -97,3 +97,26 @@ def test_prompts_file_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "out.png"
     plot(res.summaries(), png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_run_is_a_first_ask_the_pool_keeps_what_it_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt runs under every configuration and repeat: with the token pool recording them, its later
+    runs would be drafted from its earlier ones (a lookup configuration at a repeat's speed). The pool keeps
+    what it held at the start (here one text of its own), and what the API records is back on afterwards."""
+    from specdec_cli import api
+    from specdec_cli.engine.settings import GenerateOptions
+    from tests.fakes import open_fake
+
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+    with api.load(open_model=open_fake, n_ctx=1024, drafter="ngram") as spec:
+        assert spec.pool is not None
+        spec.pool.add(list(range(30)))
+        held = len(spec.pool)
+        prompts = [BenchPrompt("a", "p1", "Write a line about the sea.")]
+        cfgs = bench.parse_configs("target,ngram:auto", model_k=4, ngram_k=16)
+        res = bench.run_bench(spec, prompts, cfgs, repeats=2, warmup=1, options=GenerateOptions(max_tokens=48))
+        assert len(spec.pool) == held and spec.remember
+        lookup = [r for r in res.records if r.config == "ngram:auto"]
+        assert len(lookup) == 2 and all(r.stats.accepted == 0 for r in lookup)  # nothing to copy from
+        spec.generate("Write a line about the sea.", max_tokens=48)
+        assert len(spec.pool) > held

@@ -323,17 +323,23 @@ def run_bench(
                 f"prompt {p.name!r} is {len(toks.ids)} tokens: with --max-tokens {options.max_tokens} it needs "
                 f"--ctx-size >= {len(toks.ids) + options.max_tokens}"
             )
-    for _ in range(warmup):
-        for cfg in configs:
-            run_one(spec, cfg, tokenized[0], _for(cfg, options))
-    for rep in range(repeats):
-        for pi, (p, toks) in enumerate(zip(prompts, tokenized, strict=True)):
-            shift = (rep + pi) % len(configs)
-            for cfg in configs[shift:] + configs[:shift]:
-                rec = run_one(spec, cfg, toks, _for(cfg, options), result.costs)
-                result.records.append(dataclasses.replace(rec, prompt=p.name, category=p.category, repeat=rep))
-                if on_run is not None:
-                    on_run(f"{cfg.name} / {p.name}")
+    # Every run is a first ask: the token pool keeps what it held at the start (empty, or --ngram-cache's), or
+    # each prompt's later runs would be drafted from its earlier ones (the lookup at a repeat's speed).
+    remember, spec.remember = spec.remember, False
+    try:
+        for _ in range(warmup):
+            for cfg in configs:
+                run_one(spec, cfg, tokenized[0], _for(cfg, options))
+        for rep in range(repeats):
+            for pi, (p, toks) in enumerate(zip(prompts, tokenized, strict=True)):
+                shift = (rep + pi) % len(configs)
+                for cfg in configs[shift:] + configs[:shift]:
+                    rec = run_one(spec, cfg, toks, _for(cfg, options), result.costs)
+                    result.records.append(dataclasses.replace(rec, prompt=p.name, category=p.category, repeat=rep))
+                    if on_run is not None:
+                        on_run(f"{cfg.name} / {p.name}")
+    finally:
+        spec.remember = remember
     return result
 
 
