@@ -56,8 +56,8 @@ class ShadowScore:
     earlier one: a retried request, a regenerated answer) has a table of its own, REPEAT, also kept:
     with greedy decoding such a text goes on as before, so its drafts come true to their end, while a
     long match inside a changed text (the code ask with one name changed) breaks within a few tokens;
-    in one table the breaks priced the retries' drafts short, and the retries priced the changed texts'
-    long (49 tokens drafted, 4 right, on the F32 pair's code repeat with drafts of up to 64).
+    in one table the retries priced the changed texts' long matches as retries (49 tokens drafted, 4
+    right, on the F32 pair's code repeat with drafts of up to 64).
     """
 
     MAX_PENDING = 16
