@@ -25,8 +25,9 @@ load it, a line per request (steps, drafts, tok/s, and each step's choice: M the
 (greedy, alone), then for each repeat, step by step, the earlier text (every earlier prompt and answer,
 and this request's own context) whose continuation matches the answer longest, drafted exactly as far
 as it is right (at most 64, the lookup's longest draft), each step priced at this machine's measured
-batch cost c(k+1) (calibration); per-step overheads left out. An upper bound for lookup drafting, to tell a policy's shortfall from the
-workload's. A report of the servers ends with that bound, measured after they stop (`--no-bound`: not).
+batch cost c(k+1) (calibration); per-step overheads left out. An upper bound for lookup drafting, to tell
+a policy's shortfall from the workload's. A report of the servers ends with that bound, measured after
+they stop (`--no-bound`: not).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def oracle(pair: str | None, max_tokens: int, k_max: int = MAX_DRAFT, quiet: boo
             ids = spec.tokenize([{"role": "user", "content": prompt}]).ids
             g = spec.generate([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0.0)
             texts.append((list(ids), list(g.token_ids)))
-    measured = {1: 1.0, **cal.relative}  # calibration measures 1..9, then 12, 16, 24, 32, 48, 64, 65: the rest interpolated
+    measured = {1: 1.0, **cal.relative}  # 1..9, 12, 16, 24, 32, 48, 64, 65 measured: the rest interpolated
     sizes = sorted(measured)
     cost = {b: float(np.interp(b, sizes, [measured[x] for x in sizes])) for b in range(1, k_max + 2)}
     say = (lambda *_: None) if quiet else print
@@ -263,8 +264,8 @@ def main() -> None:
     if not args.no_bound:  # the limit next to the figures: measured now, on this machine, after the servers stopped
         bound = oracle(args.pair, args.max_tokens, quiet=True)
         print(f"\nThe most any lookup drafting could give on these repeats here (`--oracle`: the target's own answers, "
-              f"each step drafted exactly as far as it is right, at most {MAX_DRAFT}, at this machine's batch costs, per-step "
-              f"overheads left out): {bound:.2f}x the target alone.")
+              f"each step drafted exactly as far as it is right, at most {MAX_DRAFT}, at this machine's batch costs, "
+              f"per-step overheads left out): {bound:.2f}x the target alone.")
 
 
 if __name__ == "__main__":
