@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from benchmarks import record
 from specdec_cli import api
 from specdec_cli.chat_session import ChatSession
 from specdec_cli.engine.events import Step
@@ -42,8 +43,10 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("-n", "--max-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    record.add_option(ap)
     args = ap.parse_args()
     spec = api.load(pair="smollm2-135m-q2k", n_ctx=4096, n_threads=args.threads)
+    turns = []
     session = ChatSession(spec, api.GenerateOptions(max_tokens=args.max_tokens, draft_max=4))
     print("turn  conversation tokens  evaluated (target/draft) before 1st token  time to first token")
     for i in range(args.turns):
@@ -51,6 +54,8 @@ def main() -> None:
         n_conv = len(session.prompt_tokens(q, 0)[0].ids)
         t, et, ed = ttft(session, q)
         print(f"{i + 1:4d}  {n_conv:19d}  {et:17d} / {ed:<5d}                  {t * 1000:8.1f} ms")
+        turns.append({"turn": i + 1, "conversation_tokens": n_conv, "evaluated_target": et, "evaluated_draft": ed,
+                      "ttft_ms": round(t * 1000, 2)})  # fmt: skip
     # the same last turn with cold caches, for comparison
     history = list(session.history[:-2])
     spec.target.reset()
@@ -59,7 +64,12 @@ def main() -> None:
     session.history = history
     t, et, ed = ttft(session, QUESTIONS[(args.turns - 1) % len(QUESTIONS)])
     print(f"cold  (last turn, caches cleared)  {et} / {ed} evaluated, time to first token {t * 1000:.1f} ms")
+    files = {"target": spec.choice.target, "draft": spec.choice.draft}
     spec.close()
+    record.save(args, "chat-ttft", threads=args.threads, models=files, data={
+        "settings": {"pair": "smollm2-135m-q2k", "turns": args.turns, "max_tokens": args.max_tokens},
+        "turns": turns, "cold": {"turn": args.turns, "evaluated_target": et, "evaluated_draft": ed,
+                                  "ttft_ms": round(t * 1000, 2)}})  # fmt: skip
 
 
 if __name__ == "__main__":

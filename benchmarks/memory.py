@@ -16,6 +16,7 @@ import resource
 import subprocess
 import sys
 
+from benchmarks import record
 from specdec_cli.engine.gguf import GGUFSummary
 from specdec_cli.engine.model import Model
 from specdec_cli.models import packaged
@@ -32,6 +33,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx-size", type=int, default=8192)
     ap.add_argument("-n", "--max-tokens", type=int, default=64)
+    record.add_option(ap)
     args = ap.parse_args()
     gemma = str(packaged.gemma3_path())
     file_size = os.path.getsize(gemma)
@@ -64,6 +66,10 @@ def main() -> int:
         f"budget: 2 x model file {file_size / MB:.0f} MB + 2 x KV cache {kv / MB:.0f} MB + 300 MB = {budget / MB:.0f} MB"
     )
     print(f"headroom {(budget - peak) / MB:.0f} MB -> {'OK' if peak <= budget else 'OVER BUDGET'}")
+    record.save(args, "memory", threads=None, models={"target": gemma, "draft": gemma}, data={
+        "settings": {"ctx_size": args.ctx_size, "max_tokens": args.max_tokens},
+        "peak_rss_mb": round(peak / MB, 1), "model_file_mb": round(file_size / MB, 1), "kv_cache_mb": round(kv / MB, 1),
+        "budget_mb": round(budget / MB, 1), "within_budget": peak <= budget})  # fmt: skip
     return 0 if peak <= budget else 1
 
 

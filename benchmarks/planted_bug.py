@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
+from typing import Any
 
+from benchmarks import record
 from specdec_cli.engine import sampling
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.model import Model
@@ -24,9 +27,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", "--samples", type=int, default=1200)
     ap.add_argument("--drafter", choices=("model", "ngram", "auto", "cross"), default="model")
+    record.add_option(ap)
     args = ap.parse_args()
     if args.drafter == "cross":
-        return cross(args.samples)
+        return cross(args)
     target_path = packaged.smollm2_path()
     target = Model(target_path, n_ctx=512, n_threads=2)
     drafter: Drafter
@@ -46,7 +50,8 @@ def main() -> int:
         bad = distribution.run(target, drafter, args.samples, text=text)
     finally:
         sampling.residual = real_residual
-    return report(("correct residual", ok), ("planted bug (resample from p)", bad))
+    files = {"target": target_path, "draft": None if args.drafter == "ngram" else packaged.derived_draft(target_path, "Q2_K")}
+    return report(args, files, ("correct residual", ok), ("planted bug (resample from p)", bad))
 
 
 def auto_drafter(target: Model, draft: Model) -> tuple[Drafter, str]:
@@ -84,18 +89,23 @@ def auto_drafter(target: Model, draft: Model) -> tuple[Drafter, str]:
     return Auto(NgramDrafter(2, 4, pool=pool), ModelDrafter(draft, window=64), 2, state), distribution.NGRAM_PROMPT
 
 
-def report(*runs: tuple[str, list[distribution.ChiSquare]]) -> int:
-    """Print each chi-square result; exit 0 only when the second (planted-bug) run fails the test."""
+def report(args: argparse.Namespace, files: Mapping[str, Any], *runs: tuple[str, list[distribution.ChiSquare]]) -> int:
+    """Print each chi-square result and write the results file; exit 0 only when the second (planted-bug) run
+    fails the test."""
     for label, rs in runs:
         for r in rs:
             verdict = "pass" if r.pvalue > distribution.P_THRESHOLD else "FAIL"
             print(f"{label:34s} position {r.position}: n={r.n:5d} bins={r.bins:3d} p={r.pvalue:.3g} -> {verdict}")
     caught = any(r.pvalue <= distribution.P_THRESHOLD for r in runs[-1][1])
     print("the test catches the planted bug" if caught else "the test MISSES the planted bug")
+    record.save(args, "planted-bug", threads=2, models=files, data={
+        "settings": {"drafter": args.drafter, "samples": args.samples, "p_threshold": distribution.P_THRESHOLD},
+        "runs": [{"engine": label, "position": r.position, "n": r.n, "bins": r.bins, "pvalue": r.pvalue}
+                 for label, rs in runs for r in rs], "caught": caught})  # fmt: skip
     return 0 if caught else 1
 
 
-def cross(samples: int) -> int:
+def cross(args: argparse.Namespace) -> int:
     """Token-level intersection (Gemma target, SmolLM2 draft); the planted bug: q' not renormalised."""
     from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
 
@@ -104,9 +114,10 @@ def cross(samples: int) -> int:
     vocab = CrossVocab.build(target, draft)
     from tests.test_cross import CROSS_PROMPT
 
-    ok = distribution.run(target, CrossDrafter(target, draft, vocab), samples, text=CROSS_PROMPT)
-    bad = distribution.run(target, CrossDrafter(target, draft, vocab, renormalise=False), samples, text=CROSS_PROMPT)
-    return report(("q' renormalised", ok), ("planted bug (q' not renormalised)", bad))
+    ok = distribution.run(target, CrossDrafter(target, draft, vocab), args.samples, text=CROSS_PROMPT)
+    bad = distribution.run(target, CrossDrafter(target, draft, vocab, renormalise=False), args.samples, text=CROSS_PROMPT)
+    files = {"target": packaged.gemma3_path(), "draft": packaged.smollm2_path()}
+    return report(args, files, ("q' renormalised", ok), ("planted bug (q' not renormalised)", bad))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.serve_bench import llama_server, one_request, pair_files
+from benchmarks import record
+from benchmarks.serve_bench import kernels, llama_server, one_request, pair_files
 from specdec_cli.engine.settings import MAX_DRAFT, MODEL, NGRAM
 from tests.server_fixtures import live_server
 
@@ -217,6 +218,7 @@ def main() -> None:
         return
     extra = args.pool_args.split()
     target, draft = pair_files(args.pair)
+    costs = record.calibrated(target, draft, 2)  # before any server starts
     pair = ["--pair", args.pair] if args.pair else []
     common = [*pair, "--ctx-size", str(CTX), "--parallel", "1"]
     calibrated = {"SPECDEC_CALIBRATE": "1"}  # as a user's server starts (the test fixture turns it off)
@@ -253,19 +255,32 @@ def main() -> None:
     rounds = f" (medians of {args.rounds} rounds)" if args.rounds > 1 else ""
     print(f"\n{'server':26s} {'first':>7s} {'repeat':>7s} {'control':>7s}  repeat/first  vs target alone: "
           f"{'first':>6s} {'repeat':>6s} {'control':>7s}  same text as its plain run{rounds}")
-    for label, r in rate.items():
+    same_text = {}  # every text of a server equal to its own family's plain run's (specdec's: the target alone's)
+    for label in runs:
         plain = runs.get("llama-server", runs[label]) if label.startswith("llama") else runs["specdec --no-draft"]
-        same = all(a == b for run in runs[label] for k in KINDS
-                   for a, b in zip(run[k].texts, plain[0][k].texts, strict=True))  # fmt: skip
+        same_text[label] = all(a == b for run in runs[label] for k in KINDS
+                               for a, b in zip(run[k].texts, plain[0][k].texts, strict=True))  # fmt: skip
+    for label, r in rate.items():
+        same = same_text[label]
         print(f"{label:26s} {r['first']:7.1f} {r['repeat']:7.1f} {r['control']:7.1f}  "
               f"{r['repeat'] / r['first']:11.2f}x  {'':16s}{r['first'] / alone['first']:5.2f}x "
               f"{r['repeat'] / alone['repeat']:5.2f}x {r['control'] / alone['control']:6.2f}x  "
               f"{'yes' if same else 'no'}")
+    bound = None
     if not args.no_bound:  # the limit next to the figures: measured now, on this machine, after the servers stopped
         bound = oracle(args.pair, args.max_tokens, quiet=True)
         print(f"\nThe most any lookup drafting could give on these repeats here (`--oracle`: the target's own answers, "
               f"each step drafted exactly as far as it is right, at most {MAX_DRAFT}, at this machine's batch costs, "
               f"per-step overheads left out): {bound:.2f}x the target alone.")
+    record.save(args, "repeats", threads=2, models={"target": target, "draft": draft}, data={
+        "settings": {"pair": args.pair or "default", "max_tokens": args.max_tokens, "rounds": args.rounds,
+                     "pool_args": args.pool_args, "workload": [{"group": g, "kind": kind(i), "prompt": p}
+                                                               for i, (g, p) in enumerate(WORKLOAD)]},
+        "servers": {label: kernels(label) for label in runs}, "costs": costs,
+        "rounds": [{"server": label, "round": i, **{k: {"tokens": r[k].tokens, "seconds": round(r[k].seconds, 4)}
+                                                     for k in KINDS}}
+                   for label, rs in runs.items() for i, r in enumerate(rs)],
+        "same_text_as_plain_run": same_text, "lookup_bound": bound})  # fmt: skip
 
 
 if __name__ == "__main__":

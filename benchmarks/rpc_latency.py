@@ -34,7 +34,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.serve_bench import free_port, llama_server, one_request, pair_files
+from benchmarks import record
+from benchmarks.serve_bench import EXACT, free_port, llama_server, one_request, pair_files
 from specdec_cli.engine import rpc
 from tests.server_fixtures import live_server
 
@@ -165,8 +166,10 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=1, help="every server this many times per delay (medians)")
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-server")
+    record.add_option(ap)
     args = ap.parse_args()
     target, draft = pair_files(args.pair)
+    costs = record.calibrated(target, draft, 2)  # local, before any server starts
     pair = ["--pair", args.pair] if args.pair else []
     delays = [float(d) for d in args.delays.split(",")]
 
@@ -189,6 +192,7 @@ def main() -> None:
         return out
 
     table: dict[float, dict[str, float]] = {}
+    raw: list[dict[str, object]] = []
     for delay in delays:
         rates: dict[str, list[float]] = {}
         for round_ in range(args.rounds):
@@ -198,6 +202,7 @@ def main() -> None:
                         base = server if isinstance(server, str) else server.base_url  # type: ignore[attr-defined]
                         rate, _ = measure(base, args.max_tokens)
                     rates.setdefault(label, []).append(rate)
+                    raw.append({"delay_ms": delay, "round": round_, "server": label, "tokens_per_second": round(rate, 3)})
                     print(f"delay {delay:g} ms, round {round_ + 1}: {label:20s} {rate:6.1f} tok/s", flush=True)
         table[delay] = {label: statistics.median(r) for label, r in rates.items()}
     print(f"\n{'delay each way':>14s}  {'specdec alone':>13s} {'specdec auto':>12s} {'speedup':>7s}   "
@@ -207,6 +212,12 @@ def main() -> None:
         llama = f"{ls:12.1f} {lmd:6.1f} {lmd / ls:6.2f}x" if ls and lmd else ""
         print(f"{delay:11g} ms  {r['specdec --no-draft']:13.1f} {r['specdec auto']:12.1f} "
               f"{r['specdec auto'] / r['specdec --no-draft']:6.2f}x   {llama}")
+    record.save(args, "rpc-latency", threads=2, models={"target": target, "draft": draft}, data={
+        "settings": {"pair": args.pair or "default", "delays_ms": delays, "max_tokens": args.max_tokens,
+                     "rounds": args.rounds, "rpc_servers": 2, "prompts": PROMPTS},
+        "servers": {"specdec": EXACT + " (target, on the RPC servers)",
+                    "llama-server": EXACT + " (-fa off --no-repack, GGML_CPU_TILED_MM=0), --cache-ram 0"},
+        "costs": costs, "rounds": raw})  # fmt: skip
 
 
 if __name__ == "__main__":

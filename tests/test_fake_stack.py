@@ -134,6 +134,30 @@ def test_cli_no_draft_and_drafters_agree() -> None:
     assert len(texts) == 1
 
 
+def test_cli_bench_writes_a_stamped_results_file(tmp_path: Any) -> None:
+    """`bench --results` keeps what the table was made of: the stamp (what ran, where, on which build and
+    models) and every run's own numbers, from which the summaries add up."""
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, ["bench", "--configs", "target,ngram:auto", "--repeats", "2", "--warmup", "0",
+                                   "-n", "24", "--category", "input-grounded", "--ctx-size", "1024", "--json",
+                                   "--results", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    saved = json.loads(out.read_text())
+    assert saved["kind"] == "bench" and saved["results"] == json.loads(res.stdout)["results"]
+    st = saved["stamp"]
+    assert st["date"] and st["cpu"]["cores"] >= 1 and st["build"]["llama_cpp_python"]
+    assert "commit" in st and "dirty" in st and st["command"].startswith("specdec bench ") and "--configs target,ngram:auto" in st["command"]
+    # the models this bench loaded (no draft model for these configurations), each by its content
+    assert set(st["models"]) == {"target"} and len(st["models"]["target"]["sha256"]) == 64
+    runs = saved["runs"]
+    assert {r["config"] for r in runs} == {"target", "ngram:auto"} and {r["repeat"] for r in runs} == {0, 1}
+    for summary in saved["results"]:
+        mine = [r for r in runs if r["config"] == summary["config"] and r["category"] == summary["category"]]
+        assert sum(r["tokens"] for r in mine) == summary["tokens"]
+    bad = CliRunner().invoke(app, ["bench", "--configs", "target", "--results", str(tmp_path / "no" / "x.json")])
+    assert bad.exit_code == 2 and "--results" in bad.stderr
+
+
 # ------------------------------------------------------------------ the server, in-process
 def serve(spec: api.Speculator, coro: Any, **settings: Any) -> Any:
     """Run `coro(client)` against the server's ASGI app (httpx's transport: no socket, no thread of ours)."""

@@ -348,6 +348,16 @@ def _for(cfg: BenchConfig, options: GenerateOptions) -> GenerateOptions:
     return dataclasses.replace(options, draft_min=min(options.draft_min, max(cfg.k, 1)))
 
 
+def raw_runs(records: Sequence[RunRecord], external: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Every run's own numbers, for a results file: the summaries are derived from these."""
+    out = [{"config": r.config, "prompt": r.prompt, "category": r.category, "repeat": r.repeat,
+            "tokens": len(r.token_ids), "seconds": round(r.seconds, 5), "steps": r.stats.steps,
+            "drafted": r.stats.drafted, "accepted": r.stats.accepted} for r in records]  # fmt: skip
+    out += [{"config": e.config, "category": e.category, "tokens": e.n_tokens, "seconds": round(e.seconds, 5),
+             "drafted": e.drafted, "accepted": e.accepted} for e in external]  # fmt: skip
+    return out
+
+
 def by_category(summaries: list[Summary]) -> list[Summary]:
     """Rows grouped by category, in the order categories first appear (a stable sort)."""
     order = {c: i for i, c in enumerate(dict.fromkeys(s.category for s in summaries))}

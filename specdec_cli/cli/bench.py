@@ -25,6 +25,7 @@ from specdec_cli.engine.settings import AUTO, DEFAULT_K, MODEL, NGRAM
 
 @with_options
 def bench(
+    ctx: typer.Context,
     *,
     models: ModelOptions,
     draft: DraftOptions,
@@ -62,6 +63,15 @@ def bench(
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG: acceptance by position, tokens/s against K.")
     ] = None,
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            "--results",
+            help="Also write a results file (JSON) to this path: the table, every run's raw numbers and the "
+            "measured costs, stamped with the date, commit, CPU, threads, llama.cpp build and the models' sha256 "
+            "(the docs' tables are rendered from such files).",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Measure configurations of one pair side by side: speed, speedup, acceptance, where the time goes."""
@@ -86,8 +96,9 @@ def bench(
         if llama_cpp_bin is not None and sampling.temperature > 0:
             raise UsageError("--llama-cpp-bin compares greedy runs: use --temp 0")
         n_external = len(external.llama_cpp_configs(llama_cpp_bin, cfgs)) if llama_cpp_bin else 0
-        if plot is not None and not plot.parent.is_dir():
-            raise UsageError(f"cannot write --plot {plot}: no folder {plot.parent}")
+        for option, path in (("--plot", plot), ("--results", results)):
+            if path is not None and not path.parent.is_dir():
+                raise UsageError(f"cannot write {option} {path}: no folder {path.parent}")
         needs_draft = any(c.drafter == MODEL for c in cfgs)
         if needs_draft and models.target and not models.draft:
             raise UsageError("model configurations need a draft model: give --draft or --pair")
@@ -109,6 +120,8 @@ def bench(
                         repeats=repeats, max_tokens=max_tokens, threads=threads, on_run=advance,
                     )  # fmt: skip
             models_json = spec.models
+            files = {"target": spec.choice.target, "draft": spec.choice.draft}
+            threads_used = spec.n_threads or usable_cores()
         summaries = result.summaries()
         if runs:
             summaries = core.by_category(summaries + external.summarise_external(runs, result.records, prompt_set))
@@ -141,4 +154,32 @@ def bench(
         "costs": result.costs.as_dict(k_max) if result.costs else None,
         "results": [s.as_dict() for s in summaries],
     }
+    if results is not None:
+        from specdec_cli.bench import stamp
+
+        with out.errors():
+            try:
+                stamp.write(results, "bench", stamp.stamp(threads=threads_used, model_files=files, argv=_command_line(ctx)),
+                            {**payload, "runs": core.raw_runs(result.records, runs)})  # fmt: skip
+            except OSError as exc:
+                raise UsageError(f"cannot write --results {results}: {exc.strerror or exc}") from None
     out.result(payload, human)
+
+
+
+def _command_line(ctx: typer.Context) -> list[str]:
+    """This command as it was given: the options set on the command line, under their long flags."""
+    words = ctx.command_path.split()
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        value = ctx.params.get(param.name or "")
+        flag = max(param.opts, key=len) if param.opts else ""
+        if getattr(param, "is_flag", False):
+            words.append(flag if value else (param.secondary_opts or [flag])[0])
+        elif param.param_type_name == "argument":
+            words.append(str(value))
+        else:
+            words += [flag, str(getattr(value, "value", value))]
+    return words

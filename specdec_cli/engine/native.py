@@ -71,6 +71,17 @@ def bindings() -> Any:
     return C
 
 
+def system_info() -> str | None:
+    """What this llama.cpp build compiled in and runs with (SIMD paths, OpenMP, repacking), as llama.cpp
+    prints it: results files carry it, so a figure says which kernels it was measured on."""
+    try:
+        install_log_callback()  # llama_backend_init: the CPU backend registered
+        text: bytes = bindings().llama_print_system_info()
+    except (ImportError, OSError, AttributeError):
+        return None
+    return text.decode("utf-8", "replace").strip()
+
+
 def set_verbose(verbose: bool) -> None:
     """Show llama.cpp's own log on stderr (it is hidden by default)."""
     _LOG_STATE["verbose"] = verbose
