@@ -28,7 +28,10 @@ def build(
     file: Annotated[Path, typer.Argument(help="The pool file to write (replaced atomically).", show_default=False)],
     source: Annotated[Path, typer.Option("--from", help="A folder: every text file under it, one text each.")],
     models: ModelOptions,
-    pool_mb: Annotated[float, typer.Option("--pool-mb", help="The pool's budget; the oldest files drop first.")] = 64.0,
+    pool_mb: Annotated[
+        float, typer.Option("--pool-mb", help="The pool's budget in MB; past it, the files read first (in name order) "
+                            "are dropped.")
+    ] = 64.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Tokenize every text file under --from with the target's vocabulary and save them as a token pool."""

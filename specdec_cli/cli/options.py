@@ -48,7 +48,9 @@ class ModelOptions:
         Path | None, typer.Option(help="Target GGUF file: the model whose output you get.", rich_help_panel="Models")
     ] = None
     draft: Annotated[
-        Path | None, typer.Option(help="Draft GGUF file (same vocabulary, smaller).", rich_help_panel="Models")
+        Path | None,
+        typer.Option(help="Draft GGUF file: a smaller model (another tokenizer works too: drafted across tokenizers).",
+                     rich_help_panel="Models"),
     ] = None
     pair: Annotated[str | None, typer.Option(help="A named pair from models.toml.", rich_help_panel="Models")] = None
 

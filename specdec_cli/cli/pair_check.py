@@ -31,7 +31,8 @@ def pair_check(
 ) -> None:
     """Can these two models speculate together, and how fast would they be?
 
-    Exit code 0 for "compatible" and "compatible (padded)", 1 for "incompatible".
+    Exit code 0 for "compatible", "compatible (padded)" and "compatible (different tokenizers)", 1 for
+    "incompatible".
     """
     if pair and (target or draft):
         raise usage_error("give either TARGET DRAFT or --pair NAME, not both")
