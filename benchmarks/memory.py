@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 
@@ -22,6 +21,15 @@ from specdec_cli.engine.model import Model
 from specdec_cli.models import packaged
 
 MB = 1024 * 1024
+# `specdec run` in a child that prints its own peak RSS (VmHWM) when it exits. Not getrusage(RUSAGE_CHILDREN):
+# ru_maxrss survives fork+exec, so it counted this process's own memory (the vocabulary read above) too.
+PEAK_AT_EXIT = (
+    "import atexit, sys, runpy\n"
+    "atexit.register(lambda: print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).strip(),"
+    " file=sys.stderr))\n"
+    "sys.argv[0] = 'specdec'\n"
+    "runpy.run_module('specdec_cli', run_name='__main__')\n"
+)
 
 
 def kv_bytes(path: str, n_ctx: int) -> int:
@@ -41,8 +49,8 @@ def main() -> int:
     budget = 2 * file_size + 2 * kv + 300 * MB
     cmd = [
         sys.executable,
-        "-m",
-        "specdec_cli",
+        "-c",
+        PEAK_AT_EXIT,
         "run",
         "The history of the printing press",
         "--raw",
@@ -60,7 +68,7 @@ def main() -> int:
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
         return 1
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux reports KiB
+    peak = int(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("VmHWM:"))) * 1024
     print(f"ctx-size {args.ctx_size}: peak RSS {peak / MB:.0f} MB")
     print(
         f"budget: 2 x model file {file_size / MB:.0f} MB + 2 x KV cache {kv / MB:.0f} MB + 300 MB = {budget / MB:.0f} MB"

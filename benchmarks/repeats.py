@@ -209,6 +209,7 @@ def main() -> None:
                     "on this workload's repeats, from the target's own answers and measured batch costs")
     ap.add_argument("--no-bound", action="store_true", help="leave out the last line: the bound `--oracle` computes, "
                     "measured after the servers stop (about a minute)")
+    record.add_option(ap)
     args = ap.parse_args()
     if args.oracle:
         oracle(args.pair, args.max_tokens)

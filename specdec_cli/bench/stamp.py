@@ -17,6 +17,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -115,6 +116,13 @@ def models(files: Mapping[str, str | os.PathLike[str] | None]) -> dict[str, Any]
     return out
 
 
+def command_line() -> list[str]:
+    """How this process was started: `python -m benchmarks.serve_bench ...` for a module run with -m."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name] if spec is not None and spec.name != "__main__" else [Path(sys.argv[0]).name]
+    return [*head, *sys.argv[1:]]
+
+
 def stamp(*, threads: int | None, model_files: Mapping[str, str | os.PathLike[str] | None],
           argv: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """What a results file says about the run that wrote it."""
@@ -122,7 +130,7 @@ def stamp(*, threads: int | None, model_files: Mapping[str, str | os.PathLike[st
         "format": FORMAT,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **git_state(),
-        "command": " ".join(argv if argv is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": shlex.join(argv if argv is not None else command_line()),
         "cpu": cpu(),
         "threads": threads,
         "build": build(),
