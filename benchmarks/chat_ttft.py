@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     record.add_option(ap)
     args = ap.parse_args()
+    costs = record.calibrated(*record.pair_files("smollm2-135m-q2k"), args.threads)  # before the chat: nothing else runs
     spec = api.load(pair="smollm2-135m-q2k", n_ctx=4096, n_threads=args.threads)
     turns = []
     session = ChatSession(spec, api.GenerateOptions(max_tokens=args.max_tokens, draft_max=4))
@@ -67,7 +68,7 @@ def main() -> None:
     files = {"target": spec.choice.target, "draft": spec.choice.draft}
     spec.close()
     record.save(args, "chat-ttft", threads=args.threads, models=files, data={
-        "settings": {"pair": "smollm2-135m-q2k", "turns": args.turns, "max_tokens": args.max_tokens},
+        "settings": {"pair": "smollm2-135m-q2k", "turns": args.turns, "max_tokens": args.max_tokens}, "costs": costs,
         "turns": turns, "cold": {"turn": args.turns, "evaluated_target": et, "evaluated_draft": ed,
                                   "ttft_ms": round(t * 1000, 2)}})  # fmt: skip
 

@@ -22,6 +22,15 @@ def add_option(ap: argparse.ArgumentParser) -> None:
                     help="write the results file (JSON, stamped) here; default: benchmarks/results/KIND-DATE.json")
 
 
+def pair_files(pair: str | None) -> tuple[Path, Path]:
+    """A pair's target and draft files (models.toml; None: the default pair)."""
+    from specdec_cli.models import loading
+
+    choice = loading.choose_models(None, None, pair, no_draft=False, drafter="model")
+    assert choice.draft is not None
+    return choice.target, choice.draft
+
+
 def calibrated(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None, threads: int,
                max_batch: int = 17) -> dict[str, Any]:  # fmt: skip
     """This machine's batch costs c(b) for the target and the draft's cost per token, in single-token

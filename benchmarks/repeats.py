@@ -42,7 +42,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks import record
-from benchmarks.serve_bench import kernels, llama_server, one_request, pair_files
+from benchmarks.record import pair_files
+from benchmarks.serve_bench import kernels, llama_server, one_request
 from specdec_cli.engine.settings import MAX_DRAFT, MODEL, NGRAM
 from tests.server_fixtures import live_server
 

@@ -35,7 +35,8 @@ from pathlib import Path
 import httpx
 
 from benchmarks import record
-from benchmarks.serve_bench import EXACT, free_port, llama_server, one_request, pair_files
+from benchmarks.record import pair_files
+from benchmarks.serve_bench import EXACT, free_port, llama_server, one_request
 from specdec_cli.engine import rpc
 from tests.server_fixtures import live_server
 

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from benchmarks import record
+from benchmarks.record import pair_files
 from tests.server_fixtures import live_server
 
 # Prompts whose answers run past --max-tokens on both packaged targets (measured: 145-200+ tokens), so
@@ -234,14 +235,6 @@ def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exa
             proc.wait(20)
         except subprocess.TimeoutExpired:
             proc.kill()
-
-
-def pair_files(pair: str | None) -> tuple[Path, Path]:
-    from specdec_cli.models import loading
-
-    choice = loading.choose_models(None, None, pair, no_draft=False, drafter="model")
-    assert choice.draft is not None
-    return choice.target, choice.draft
 
 
 def main() -> None:

@@ -1,0 +1,308 @@
+"""The docs' tables, rendered from results files (never typed in): `docs/benchmarks.md` and the README.
+
+Each function takes a results file written by a benchmark command (benchmarks/record.py,
+`specdec bench --results`) and returns Markdown: a table and its caption (machine, date, commit,
+rounds, the command, a link to the file). Where a benchmark ran several rounds, a cell is the median
+with the range over the rounds in brackets. The pages call these from cog blocks; `python
+scripts/docgen.py` regenerates them and the test suite fails when one is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+
+def load(name: str) -> dict[str, Any]:
+    """A kept results file by its name in docs/results/."""
+    data: dict[str, Any] = json.loads((RESULTS / name).read_text())
+    return data
+
+
+# ------------------------------------------------------------------ the caption
+def machine(stamp: dict[str, Any]) -> str:
+    """"AMD EPYC (AVX2), 2 cores": the CPU and the widest SIMD its kernels could use."""
+    cpu = stamp["cpu"]
+    simd = set(cpu.get("simd", []))
+    level = "AVX-512" if "avx512f" in simd else "AVX2" if "avx2" in simd else "AVX" if "avx" in simd else "no AVX"
+    amx = " + AMX" if any(f.startswith("amx") for f in simd) else ""
+    return f"{cpu['model']} ({level}{amx}), {cpu['cores']} cores"
+
+
+def caption(data: dict[str, Any], name: str, base: str = "results/", rounds: int | None = None) -> str:
+    """What a table was measured on, and where its numbers are."""
+    s = data["stamp"]
+    commit = (s.get("commit") or "?")[:7] + (" + uncommitted changes" if s.get("dirty") else "")
+    parts = [machine(s), f"{s['threads']} thread{'s' if s['threads'] != 1 else ''}" if s.get("threads") else None, s["date"][:10],
+             f"commit {commit}", f"llama-cpp-python {s['build']['llama_cpp_python']}",
+             f"{rounds} rounds: median (range)" if rounds and rounds > 1 else "one round" if rounds else None]  # fmt: skip
+    text = " · ".join(p for p in parts if p)
+    return f"*{text}. `{s['command']}` · [{name}]({base}{name})*"
+
+
+# ------------------------------------------------------------------ cells
+def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    """The median, and the range when there are several values: `88.0 (86.1-90.2)`."""
+    values = list(values)
+    mid = fmt(statistics.median(values))
+    if len(values) < 2 or fmt(min(values)) == fmt(max(values)):
+        return mid
+    return f"{mid} ({fmt(min(values))}-{fmt(max(values))})"
+
+
+def f1(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def f2(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:.0f}%"
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.0f} ms"
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render(data: dict[str, Any], name: str, body: str, base: str, rounds: int | None) -> str:
+    return f"{body}\n\n{caption(data, name, base, rounds)}\n"
+
+
+# ------------------------------------------------------------------ benchmarks.decode_cost
+def costs(name: str, base: str = "results/") -> str:
+    """One token's time, batch costs c(b) and the perfect-drafter limit per model."""
+    data = load(name)
+    sizes = data["settings"]["sizes"]
+    rows = [[r["model"], f"{r['one_token_ms']:.1f} ms", *(f2(r["batch"][str(b)]) for b in sizes),
+             f"{r['perfect_drafter']:.2f}x (K = {r['perfect_k']})", "yes" if r["batch_equals_single"] else "**no**"]
+            for r in data["rows"]]  # fmt: skip
+    header = ["model", "one token", *(f"c({b})" for b in sizes), "perfect drafter", "batch = single"]
+    return render(data, name, table(header, rows), base, None)
+
+
+# ------------------------------------------------------------------ specdec bench
+def bench(name: str, base: str = "results/", configs: Sequence[str] | None = None) -> str:
+    """Speedup over the target alone per prompt category, acceptance, tokens/s (median and range of the runs)."""
+    data = load(name)
+    results = data["results"]
+    cats = list(dict.fromkeys(r["category"] for r in results))
+    runs = data.get("runs", [])
+    rows = []
+    for cfg in dict.fromkeys(r["config"] for r in results):
+        if configs is not None and cfg not in configs:
+            continue
+        by = {r["category"]: r for r in results if r["config"] == cfg}
+        every = by.get("all", by[cats[-1]])
+        tps = [r["tokens"] / r["seconds"] for r in runs if r["config"] == cfg and r.get("seconds")]
+        same = every.get("identical")
+        rows.append([f"`{cfg}`", *(ratio(by[c]["speedup"]) if by.get(c, {}).get("speedup") else "" for c in cats),
+                     pct(every["acceptance_rate"]) if every.get("acceptance_rate") is not None else "",
+                     f2(every["tokens_per_step"]) if every.get("tokens_per_step") else "",
+                     spread(tps, f1) if tps else f1(every["tps_median"]),
+                     "" if same is None else "yes" if same else "**no**"])  # fmt: skip
+    header = ["configuration", *(f"speedup, {c}" for c in cats), "acceptance", "tokens / step",
+              "tok/s per run", "same text as the target alone"]  # fmt: skip
+    c = data["costs"]
+    limit = (f"Measured costs in this run: one target token {c['target_ms']:.1f} ms; a batch of 5 costs "
+             f"{c['verify']['5']:.2f} and a batch of 9 {c['verify']['9']:.2f} single decodes"
+             + (f"; a draft token {c['draft']:.2f} of a target token" if c.get("draft") else "")
+             + f". The most any drafter could give under these costs (every token accepted, drafting free): "
+             f"**{c['perfect_drafter']['speedup']:.2f}x** (K = {c['perfect_drafter']['k']}).")  # fmt: skip
+    repeats = data["settings"]["repeats"]
+    return render(data, name, table(header, rows) + "\n\n" + limit, base, repeats)
+
+
+# ------------------------------------------------------------------ benchmarks.serve_bench
+def _by(rounds: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rounds:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return out
+
+
+def serve(name: str, base: str = "results/", servers: Sequence[str] | None = None) -> str:
+    """Aggregate tokens/s and median time to first token per server and concurrency."""
+    data = load(name)
+    labels = [s for s in data["servers"] if servers is None or s in servers]
+    groups = _by(data["rounds"], "server", "clients")
+    rows = []
+    for c in data["settings"]["clients"]:
+        row = [str(c)]
+        for label in labels:
+            rs = groups.get((label, c), [])
+            if not rs:
+                row.append("")
+                continue
+            ttft = statistics.median(t for r in rs for t in r["ttft"])
+            row.append(f"{spread([r['tokens_per_second'] for r in rs], f1)}, {ms(ttft)}")
+        rows.append(row)
+    header = ["clients", *(f"{label}: tok/s, TTFT" for label in labels)]
+    by_kernels: dict[str, list[str]] = {}
+    for label in labels:  # servers that ran the same kernels, named together
+        by_kernels.setdefault(data["servers"][label], []).append(label)
+    kernels = "; ".join(f"{', '.join(names)}: {k}" for k, names in by_kernels.items())
+    st = data["settings"]
+    note = (f"Pair `{st['pair']}`; each client sends {st['requests']} streamed greedy chat requests of "
+            f"{st['max_tokens']} tokens one after the other; aggregate tokens/s over the wall time, median time to "
+            f"first token. Kernels: {kernels}.")  # fmt: skip
+    return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
+
+
+def serve_ratios(name: str, over: str, under: str) -> dict[int, list[float]]:
+    """Per concurrency, each round's tokens/s of one server over another's (same round)."""
+    data = load(name)
+    groups = _by(data["rounds"], "server", "clients", "round")
+    out: dict[int, list[float]] = {}
+    for c in data["settings"]["clients"]:
+        for i in range(data["settings"]["rounds"]):
+            a, b = groups.get((over, c, i)), groups.get((under, c, i))
+            if a and b:
+                out.setdefault(c, []).append(a[0]["tokens_per_second"] / b[0]["tokens_per_second"])
+    return out
+
+
+# ------------------------------------------------------------------ benchmarks.repeats
+KINDS = ("first", "repeat", "control")
+
+
+def repeats(name: str, base: str = "results/") -> str:
+    """Tokens/s on first asks, repeats and controls per server; repeats over first asks; against the target alone."""
+    data = load(name)
+    groups = _by(data["rounds"], "server")
+
+    def rate(r: dict[str, Any], k: str) -> float:
+        return float(r[k]["tokens"] / r[k]["seconds"])
+
+    alone = {r["round"]: r for r in groups["specdec --no-draft",]}
+    rows = []
+    for (label,), rs in groups.items():
+        rows.append([label, *(spread([rate(r, k) for r in rs], f1) for k in KINDS),
+                     spread([rate(r, "repeat") / rate(r, "first") for r in rs], ratio),
+                     *(spread([rate(r, k) / rate(alone[r["round"]], k) for r in rs], ratio) for k in ("repeat", "control")),
+                     "yes" if data["same_text_as_plain_run"][label] else "no"])  # fmt: skip
+    header = ["server", "first asks tok/s", "repeats", "controls", "repeats / first asks",
+              "repeats vs specdec --no-draft", "controls vs --no-draft", "same text as its plain run"]
+    st = data["settings"]
+    note = (f"Pair `{st['pair']}`; one client, one slot, {len(st['workload'])} greedy streamed requests of up to "
+            f"{st['max_tokens']} tokens sent to every server in turn; completion tokens over end-to-end time.")
+    if data.get("lookup_bound"):
+        note += (f" The most any lookup drafting could give on these repeats at this machine's batch costs "
+                 f"(`--oracle`): **{data['lookup_bound']:.2f}x** the target alone.")
+    return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
+
+
+# ------------------------------------------------------------------ benchmarks.rpc_latency
+def rpc(name: str, base: str = "results/") -> str:
+    """Tokens/s with the target on two RPC servers as latency grows, specdec and llama-server."""
+    data = load(name)
+    groups = _by(data["rounds"], "delay_ms", "server")
+    servers = list(dict.fromkeys(r["server"] for r in data["rounds"]))
+    rows = []
+    for d in data["settings"]["delays_ms"]:
+        row = [f"{d:g} ms"]
+        for label in servers:
+            row.append(spread([r["tokens_per_second"] for r in groups.get((d, label), [])], f1))
+        for fast, slow in (("specdec auto", "specdec --no-draft"), ("llama-server -md", "llama-server")):
+            a, b = groups.get((d, fast)), groups.get((d, slow))
+            if a and b:
+                row.append(spread([x["tokens_per_second"] / y["tokens_per_second"] for x, y in zip(a, b, strict=True)],
+                                  ratio))  # fmt: skip
+        rows.append(row)
+    header = ["added each way", *(f"{s} tok/s" for s in servers), "specdec auto / alone"]
+    if "llama-server" in servers:
+        header.append("llama-server -md / plain")
+    st = data["settings"]
+    note = (f"Pair `{st['pair']}`; the target on {st['rpc_servers']} RPC servers on this machine, reached through a "
+            f"delay proxy; {len(st['prompts'])} greedy streamed requests of up to {st['max_tokens']} tokens.")
+    return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
+
+
+def pays(files: Sequence[tuple[str, str]], base: str = "results/") -> str:
+    """Per pair (label, bench results file): what verifying and drafting cost there, the most a perfect drafter
+    could give, and what auto and the best fixed model drafter measured, per prompt category."""
+    rows, captions = [], []
+    for label, name in files:
+        data = load(name)
+        c, res = data["costs"], data["results"]
+        cats = [k for k in dict.fromkeys(r["category"] for r in res) if k != "all"]
+        by = {(r["config"], r["category"]): r for r in res}
+        models = [r for r in res if r["config"].startswith("model:") and r["category"] == "all" and r.get("speedup")]
+        best = max(models, key=lambda r: r["speedup"], default=None)
+        rows.append([label, f2(c["verify"]["9"]), f2(c["draft"]) if c.get("draft") else "",
+                     f"{c['perfect_drafter']['speedup']:.2f}x",
+                     *(ratio(by["auto", k]["speedup"]) if by.get(("auto", k), {}).get("speedup") else "" for k in cats),
+                     f"{ratio(best['speedup'])} (`{best['config']}`)" if best else ""])  # fmt: skip
+        captions.append(caption(data, name, base, data["settings"]["repeats"]))
+    header = ["pair", "c(9): verifying 9 tokens", "a draft token", "perfect drafter", *(f"auto, {k}" for k in cats),
+              "best fixed draft model"]  # fmt: skip
+    same = all(r.get("identical") is not False for _, name in files for r in load(name)["results"])
+    verdict = (f"Every greedy run's text was the target alone's: **{'yes' if same else 'no'}**. c(9) and the draft "
+               "token's cost are in single target decodes; the perfect drafter is the most any drafter could give "
+               "under those costs.")  # fmt: skip
+    return table(header, rows) + "\n\n" + verdict + "\n\n" + "\n\n".join(captions) + "\n"
+
+
+def screen(name: str, base: str = "results/") -> str:
+    """The terminal a run leaves, as text (benchmarks/screen.py)."""
+    data = load(name)
+    return f"```text\n{data['screen'].rstrip()}\n```\n\n{caption(data, name, base)}\n"
+
+
+# ------------------------------------------------------------------ the smaller ones
+def chat_ttft(name: str, base: str = "results/") -> str:
+    data = load(name)
+    rows = [[str(t["turn"]), str(t["conversation_tokens"]), f"{t['evaluated_target']} / {t['evaluated_draft']}",
+             f"{t['ttft_ms']:.0f} ms"] for t in data["turns"]]  # fmt: skip
+    c = data["cold"]
+    rows.append([f"{c['turn']}, caches cleared", "", f"{c['evaluated_target']} / {c['evaluated_draft']}",
+                 f"{c['ttft_ms']:.0f} ms"])  # fmt: skip
+    header = ["turn", "conversation tokens", "evaluated before the first token (target / draft)", "time to first token"]
+    return render(data, name, table(header, rows), base, None)
+
+
+def pool_cost(name: str, base: str = "results/") -> str:
+    data = load(name)
+    rows = [[f"{r['pool_tokens']:,}", r["contexts"], f"{r['median_ms']:.3f} ms", f"{r['p90_ms']:.3f} ms",
+             f"{r['max_ms']:.2f} ms"] for r in data["rows"]]  # fmt: skip
+    return render(data, name, table(["tokens held", "contexts", "median", "90th percentile", "max"], rows), base, None)
+
+
+def memory(name: str, base: str = "results/") -> str:
+    d = load(name)
+    body = table(["ctx-size", "peak RSS", "budget: 2 x file + 2 x KV cache + 300 MB", "within"],
+                 [[str(d["settings"]["ctx_size"]), f"{d['peak_rss_mb']:.0f} MB",
+                   f"2 x {d['model_file_mb']:.0f} + 2 x {d['kv_cache_mb']:.0f} + 300 = {d['budget_mb']:.0f} MB",
+                   "yes" if d["within_budget"] else "**no**"]])  # fmt: skip
+    return render(d, name, body, base, None)
+
+
+def planted_bug(name: str, base: str = "results/") -> str:
+    d = load(name)
+    rows = [[r["engine"], str(r["position"]), str(r["n"]), f"{r['pvalue']:.3g}",
+             "pass" if r["pvalue"] > d["settings"]["p_threshold"] else "**fail**"] for r in d["runs"]]  # fmt: skip
+    body = table(["engine", "draft position", "samples", "chi-square p", f"p > {d['settings']['p_threshold']:g}"], rows)
+    return render(d, name, body, base, None)
+
+
+def kept() -> list[str]:
+    """Every results file kept in docs/results/."""
+    return sorted(p.name for p in RESULTS.glob("*.json")) if RESULTS.is_dir() else []
+

@@ -1,0 +1,61 @@
+"""What `specdec run` leaves on a terminal, captured for the README (a command, not a test).
+
+    .venv/bin/python -m benchmarks.screen [--pair P] [--prompt TEXT] [-n 64] [--svg docs/images/run.svg]
+
+Runs one generation through the renderer `specdec run` uses on a terminal (coloured tokens, then the
+summary that stays on screen: the stats table, acceptance by draft position, what auto chose, why it
+stopped) with stdout and stderr on one recording console, 100 columns wide, as they share a terminal.
+The results file keeps the screen as plain text and the run's numbers; `--svg` also writes it as a
+picture with its colours (Rich's SVG export).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks import record
+from specdec_cli import api
+from specdec_cli.render.generation import LiveRenderer
+
+PROMPT = "Summarise in two sentences: the Eiffel Tower was built for the 1889 World's Fair in Paris and was the tallest structure in the world until 1930."
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default=None)
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("-n", "--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--svg", type=Path, default=None)
+    record.add_option(ap)
+    args = ap.parse_args()
+    costs = record.calibrated(*record.pair_files(args.pair), args.threads)  # before the run: nothing else runs
+    console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="truecolor", record=True,
+                      highlight=False)  # fmt: skip
+    with api.load(pair=args.pair, n_threads=args.threads) as spec:
+        run = spec.start(args.prompt, max_tokens=args.max_tokens)
+        title = f"speculation ({spec.drafter} drafter)"
+        renderer = LiveRenderer(console, console, live_panel=False, title=title)
+        console.print(f"$ specdec run {args.prompt!r} -n {args.max_tokens}", style="dim")
+        renderer.start()
+        for ev in run.events():
+            renderer.event(ev, run.stats)
+        renderer.finish(run.generation, run.stats)
+        g, files = run.generation, {"target": spec.choice.target, "draft": spec.choice.draft}
+    screen = console.export_text(clear=False)
+    if args.svg is not None:
+        args.svg.parent.mkdir(parents=True, exist_ok=True)
+        console.save_svg(str(args.svg), title="specdec run")
+    print(screen)
+    record.save(args, "screen", threads=args.threads, models=files, data={
+        "settings": {"pair": args.pair or "default", "prompt": args.prompt, "max_tokens": args.max_tokens},
+        "costs": costs, "screen": screen, "svg": str(args.svg) if args.svg else None,
+        "generation": g.to_json()})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
