@@ -13,6 +13,6 @@ if [[ "${1:-}" == "--fast" ]]; then
     shift
     select=(-m "not slow")
 fi
-"$VENV/bin/ruff" check specdec_cli tests benchmarks
+"$VENV/bin/ruff" check specdec_cli tests benchmarks scripts
 "$VENV/bin/mypy"
 "$VENV/bin/python" -m pytest -ra --durations=15 "${select[@]}" "$@"  # the slowest tests: the suite must stay under 15 minutes
