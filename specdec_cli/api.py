@@ -180,12 +180,14 @@ class Speculator:
         return run
 
     def generate(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Generation:
+        """Generate to the end and return the `Generation` (keywords as `start`'s)."""
         run = self.start(prompt, options, **kw)
         for _ in run.events():
             pass
         return run.generation
 
     def stream(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Iterator[Chunk]:
+        """Yield a `Chunk` per step that emitted text; the last one (empty text) carries the `Generation`."""
         run = self.start(prompt, options, **kw)
         for ev in run.events():
             if isinstance(ev, Step) and ev.emitted:
@@ -271,6 +273,7 @@ class Speculator:
         return n
 
     def close(self) -> None:
+        """Free both models (and the RPC connections); save the token pool to its `ngram_cache` file."""
         self.rpc.close()
         try:
             if self.pool is not None and self.pool_file is not None:

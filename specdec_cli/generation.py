@@ -111,9 +111,11 @@ class GenerationRun:
         return bool(ext()) if callable(ext) else False
 
     def cancel(self) -> None:
+        """Stop at the next step (callable from any thread); the caches stay consistent."""
         self._cancelled.set()
 
     def events(self) -> Iterator[Event]:
+        """The engine's events as they happen: `Prefill`, then a `Step` per target pass."""
         lock = self._lock or threading.Lock()  # a batch job: any number at once
         if not lock.acquire(blocking=False):
             raise UsageError(
@@ -182,6 +184,7 @@ class GenerationRun:
 
     @property
     def generation(self) -> Generation:
+        """What was generated so far (all of it once `events()` is exhausted)."""
         res = self._gen.result
         return Generation(
             text=res.text,

@@ -110,7 +110,7 @@ def test_sampling_with_auto_keeps_every_invariant() -> None:
 
 
 def test_speedup_model_numbers() -> None:
-    """The README's figures for this CPU: SmolLM2 c(2)=1.75, c(5)=3.82, c(9)=6.65."""
+    """Batch costs as measured for SmolLM2 Q4_1 on a 2-core AMD EPYC: c(2)=1.75, c(5)=3.82, c(9)=6.65."""
     costs = BatchCosts({2: 1.75, 5: 3.82, 9: 6.65})
     # A perfect free drafter: best at K = 8 (9 / 6.65 = 1.35x; c(3), c(4) interpolate).
     k, best = perfect_speedup(costs, 8)

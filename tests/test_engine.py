@@ -53,7 +53,7 @@ def baseline(target: Model, prompt: list[int], max_tokens: int, **kw: object) ->
 # -------------------------------------------------------------- smoke (build)
 @pytest.mark.parametrize("which", ["smol", "gemma"])
 def test_smoke_decode_in_subprocess(which: str, smol_path: Path, gemma_path: Path) -> None:
-    """A llama.cpp build that crashes (e.g. the AMX fault in FACTS.md) fails here, not in a user's hands."""
+    """A llama.cpp build that crashes (e.g. 0.3.36's native build on AMX CPUs, docs/install.md) fails here, not in a user's hands."""
     path = smol_path if which == "smol" else gemma_path
     code = (
         "from specdec_cli.engine.model import Model\n"

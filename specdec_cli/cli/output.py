@@ -1,4 +1,4 @@
-"""The one place that decides human output or `--json` (as huggingface_hub's `cli/_output.py` does).
+"""The one place that decides human output or `--json` (as huggingface_hub's CLI does in its output module).
 
 A command builds its result (a JSON-able payload and a function that shows it
 to a person) and hands both to `Output`; it never branches on `--json` itself.

@@ -2,7 +2,7 @@
 
 Speculation pays only when verifying b tokens in one batch costs much less
 than b single decodes. These timings are the c_v(b) and c_draft of the
-speedup model (README, "The speedup model"); pair-check's probe, bench's
+speedup model (docs/design.md, "The speedup model"); pair-check's probe, bench's
 limits and the auto drafter's starting estimates all come from here.
 """
 

@@ -1,6 +1,6 @@
 """What the speedup model needs, learned while generating: acceptance by position and batch costs.
 
-The speedup of one step over a plain one-token decode (README, "The speedup model"):
+The speedup of one step over a plain one-token decode (docs/design.md, "The speedup model"):
 
     E(K) / (K c_d + c_v(K+1)),   E(K) = 1 + sum_{i<=K} P(the first i drafted tokens are accepted)
 

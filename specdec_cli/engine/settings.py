@@ -42,7 +42,7 @@ DRAFTERS = (AUTO, MODEL, NGRAM)
 DEFAULT_DRAFTER = AUTO
 
 MAX_DRAFT = 64  # a verification batch of K+1 rows; past this no drafter pays for itself
-# Defaults measured with `specdec bench` and benchmarks/repeats.py (README, "Drafters and draft length").
+# Defaults chosen with `specdec bench` and benchmarks/repeats.py (docs/benchmarks.md).
 # For AUTO and NGRAM the most a lookup drafts: each step's length is priced (estimates.py) from the
 # acceptance of its regime (drafters/gate.py); a word-for-word repeat of an earlier text may draft all 64.
 DEFAULT_K: dict[str, int] = {AUTO: MAX_DRAFT, MODEL: 4, NGRAM: MAX_DRAFT}

@@ -1,6 +1,6 @@
 """`pair-check --probe`: measure a pair, predict its speedup for each K, then check the prediction.
 
-The model (FACTS.md, after Leviathan et al.): with per-token acceptance a, a step
+The model (after Leviathan et al.): with per-token acceptance a, a step
 that drafts K tokens emits E(K) = (1 - a^(K+1)) / (1 - a) tokens on average and
 costs K draft decodes plus one target batch of K+1 tokens. In units of one
 target token:

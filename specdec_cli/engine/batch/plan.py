@@ -5,7 +5,7 @@ draft model) is valued as expected tokens over cost, in single-token target deco
 batch as llama.cpp will split it (`ubatch_sizes`), or filled to one micro-batch where that is
 cheaper, less what the step's prompt chunks cost anyway, plus the draft rounds. A plan with model
 drafts must win in the steady state and again with its caches' one-time catch-up spread over the
-steps it can pay back in (engine/batch/occupancy.py). README, "Concurrent requests", tells the whole story.
+steps it can pay back in (engine/batch/occupancy.py). docs/design.md, "Several requests in one batch", tells the whole story.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Cost-aware draft length for free drafters (the n-gram lookup).
 
 A verification batch is not free: on a CPU in exact mode, verifying b tokens
-costs close to b single-token decodes (see README, "The speedup model"). A
+costs close to b single-token decodes (docs/design.md, "The speedup model"). A
 free drafter's proposal is only worth verifying when the tokens it is expected
 to add pay for the larger batch. The gate keeps two estimates, both learned
 during the run:
@@ -13,9 +13,9 @@ during the run:
   probability p(x), the probability that the target alone samples x, so
   "equals the actual next token" is the same event in distribution.
 - what a batch of b tokens costs relative to one: the target's decode time
-  per batch size, as exponential moving averages; sizes not seen yet follow
-  the average marginal cost of the sizes seen, starting from an optimistic
-  prior so that drafting gets tried and measured.
+  per batch size, as medians of recent timings (estimates.BatchCosts); sizes
+  not timed yet follow the calibration, else the mean marginal cost of the
+  sizes seen, else an optimistic prior so that drafting gets tried and measured.
 
 It verifies the first j proposed tokens, j maximising
 (1 + sum_{i<=j} P(first i right)) / cost(j + 1), and j = 0 (a plain decode)

@@ -40,7 +40,7 @@ from specdec_cli.errors import PoolFileError, UsageError
 SEPARATOR = -1
 # What one pool token costs, as counted: its slot in the token list, the kept sequence, its position in the
 # index and the index's share of keys and list headers. Measured with tracemalloc: 69 bytes a token for
-# 182k tokens (this README and two source files in SmolLM2's tokens, 500-token sequences, six times over).
+# 182k tokens (the README of the time and two source files in SmolLM2's tokens, 500-token sequences, six times over).
 BYTES_PER_TOKEN = 72
 MAX_OCCURRENCES = 64  # the latest occurrences of an n_min-gram examined per lookup
 STALE_TMP_SECONDS = 600  # a temporary file of a save older than this was left by a killed process
