@@ -179,6 +179,22 @@ def serve_ratios(name: str, over: str, under: str) -> dict[int, list[float]]:
     return out
 
 
+def serve_ratios_table(name: str, pairs: Sequence[tuple[str, str]]) -> str:
+    """Per concurrency, one server's tokens/s over another's, round by round (servers a round apart are
+    minutes apart; within a round, seconds): median (range)."""
+    data = load(name)
+    rows, header = [], ["clients"]
+    cols = []
+    for over, under in pairs:
+        r = serve_ratios(name, over, under)
+        if r:
+            cols.append(r)
+            header.append(f"{over} / {under}")
+    for c in data["settings"]["clients"]:
+        rows.append([str(c), *(spread(col[c], ratio) if c in col else "" for col in cols)])
+    return table(header, rows) + "\n"
+
+
 # ------------------------------------------------------------------ benchmarks.repeats
 KINDS = ("first", "repeat", "control")
 

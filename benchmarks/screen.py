@@ -2,6 +2,9 @@
 
     .venv/bin/python -m benchmarks.screen [--pair P] [--prompt TEXT] [-n 64] [--svg docs/images/run.svg]
 
+The README's is the F32 pair's (`--pair smollm2-135m-f32-q4`), where both drafters are used and so both
+colours show; on the default pair auto pauses its draft model at once.
+
 Runs one generation through the renderer `specdec run` uses on a terminal (coloured tokens, then the
 summary that stays on screen: the stats table, acceptance by draft position, what auto chose, why it
 stopped) with stdout and stderr on one recording console, 100 columns wide, as they share a terminal.
@@ -40,7 +43,8 @@ def main() -> None:
         run = spec.start(args.prompt, max_tokens=args.max_tokens)
         title = f"speculation ({spec.drafter} drafter)"
         renderer = LiveRenderer(console, console, live_panel=False, title=title)
-        console.print(f"$ specdec run {args.prompt!r} -n {args.max_tokens}", style="dim")
+        pair = f" --pair {args.pair}" if args.pair else ""
+        console.print(f"$ specdec run {args.prompt!r}{pair} -n {args.max_tokens}", style="dim")
         renderer.start()
         for ev in run.events():
             renderer.event(ev, run.stats)
