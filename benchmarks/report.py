@@ -279,7 +279,8 @@ def pays(files: Sequence[tuple[str, str]], base: str = "results/") -> str:
 def screen(name: str, base: str = "results/") -> str:
     """The terminal a run leaves, as text (benchmarks/screen.py)."""
     data = load(name)
-    return f"```text\n{data['screen'].rstrip()}\n```\n\n{caption(data, name, base)}\n"
+    screen = "\n".join(line.rstrip() for line in data["screen"].rstrip().splitlines())
+    return f"```text\n{screen}\n```\n\n{caption(data, name, base)}\n"
 
 
 # ------------------------------------------------------------------ the smaller ones

@@ -7,7 +7,8 @@ colours show; on the default pair auto pauses its draft model at once.
 
 Runs one generation through the renderer `specdec run` uses on a terminal (coloured tokens, then the
 summary that stays on screen: the stats table, acceptance by draft position, what auto chose, why it
-stopped) with stdout and stderr on one recording console, 100 columns wide, as they share a terminal.
+stopped) with stdout and stderr on one recording console (`--width` columns), as they share a terminal.
+The text is written as a terminal soft-wraps it, which the picture does not: keep it under the width.
 The results file keeps the screen as plain text and the run's numbers; `--svg` also writes it as a
 picture with its colours (Rich's SVG export).
 """
@@ -34,10 +35,11 @@ def main() -> None:
     ap.add_argument("-n", "--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--svg", type=Path, default=None)
+    ap.add_argument("--width", type=int, default=120)
     record.add_option(ap)
     args = ap.parse_args()
     costs = record.calibrated(*record.pair_files(args.pair), args.threads)  # before the run: nothing else runs
-    console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="truecolor", record=True,
+    console = Console(file=io.StringIO(), width=args.width, force_terminal=True, color_system="truecolor", record=True,
                       highlight=False)  # fmt: skip
     with api.load(pair=args.pair, n_threads=args.threads) as spec:
         run = spec.start(args.prompt, max_tokens=args.max_tokens)
@@ -56,7 +58,8 @@ def main() -> None:
         console.save_svg(str(args.svg), title="specdec run")
     print(screen)
     record.save(args, "screen", threads=args.threads, models=files, data={
-        "settings": {"pair": args.pair or "default", "prompt": args.prompt, "max_tokens": args.max_tokens},
+        "settings": {"pair": args.pair or "default", "prompt": args.prompt, "max_tokens": args.max_tokens,
+                     "width": args.width},
         "costs": costs, "screen": screen, "svg": str(args.svg) if args.svg else None,
         "generation": g.to_json()})  # fmt: skip
 
