@@ -1,4 +1,4 @@
-"""The Python API: the contract in its docstring and the README, on the packaged models."""
+"""The Python API: the contract in its docstring and docs/api.md, on the packaged models."""
 
 from __future__ import annotations
 
@@ -21,15 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Name three rivers in Europe."
 
 
-def readme_python_snippets() -> list[str]:
-    """Every ```python block of the README's "Python API" section."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Python API", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def api_snippets() -> list[str]:
+    """Every ```python block of docs/api.md and the README that uses the API (not a server's client)."""
+    blocks = []
+    for page in (ROOT / "docs" / "api.md", ROOT / "README.md"):
+        blocks += [b for b in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S) if "api.load" in b]
+    return blocks
 
 
-def test_readme_example_runs_as_written() -> None:
-    (snippet,) = readme_python_snippets()
+@pytest.mark.parametrize("snippet", api_snippets(), ids=["docs/api.md", "README.md"])
+def test_the_docs_api_examples_run_as_written(snippet: str) -> None:
     proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()

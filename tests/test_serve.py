@@ -373,17 +373,20 @@ def test_signal_finishes_or_cancels_and_exits_zero(sig: signal.Signals) -> None:
         assert "Traceback" not in "".join(s.stderr) and "ERROR" not in "".join(s.stderr), s.stderr
 
 
-def test_readme_client_example_runs(server: LiveServer) -> None:
-    """The README's openai snippet, pointed at this server, runs as written."""
+def test_the_docs_client_examples_run(server: LiveServer) -> None:
+    """The openai snippets of the README and docs/serve.md, pointed at this server, run as written."""
     import re
     import sys
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    snippet = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "OpenAI(base_url" in b)
-    snippet = snippet.replace("http://127.0.0.1:8000/v1", server.base_url)
-    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip()
+    root = Path(__file__).resolve().parent.parent
+    for page in (root / "README.md", root / "docs" / "serve.md"):
+        snippets = [b for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S) if "OpenAI(base_url" in b]
+        assert snippets, page
+        for snippet in snippets:
+            snippet = snippet.replace("http://127.0.0.1:8000/v1", server.base_url)
+            proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, f"{page.name}: {proc.stderr}"
+            assert proc.stdout.strip()
 
 
 def test_connections_send_small_chunks_at_once() -> None:
