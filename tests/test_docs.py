@@ -84,7 +84,7 @@ def test_nothing_names_a_file_that_is_not_in_the_repository() -> None:
             if not path.startswith("benchmarks/results/"):  # the folder benchmarks write to by default (ignored)
                 missing.append(f"{where}: {path}")
             continue
-        if test:  # tests/test_x.py::test_name (a * for several)
+        if test:  # a test named after "::" (a * for several) must be in that file
             names = re.findall(r"^def (test_\w+)", text(found[0]), flags=re.M)
             if not fnmatch.filter(names, test):
                 missing.append(f"{where}: {path}::{test}")
