@@ -38,6 +38,7 @@ import httpx
 
 from benchmarks import record
 from benchmarks.record import pair_files
+from specdec_cli.engine import kernels
 from tests.server_fixtures import live_server
 
 # Prompts whose answers run past --max-tokens on both packaged targets (measured: 145-200+ tokens), so
@@ -56,15 +57,24 @@ PROMPTS = [
 ]
 CTX = 4096  # per slot
 LLAMA = ("llama-server", "llama-server -md")  # the servers specdec auto is compared with
-# The CPU kernels each server computes with, for the results file: exact mode is specdec's target's.
-EXACT = "exact mode: no flash attention, no repacked weights, no tiled matmul"
-KERNELS = {"specdec": EXACT + " (target); the draft keeps flash attention and repacking",
-           "llama-server": "llama.cpp's defaults: flash attention auto, repacked weights, tiled matmul",
-           "llama-server exact": EXACT + " (-fa off --no-repack, GGML_CPU_TILED_MM=0)"}  # fmt: skip
+# The CPU kernels each server computes with, for the results file (`kernels_of`): specdec's target runs exact
+# mode's (engine/kernels.py), "llama-server exact" the same ones, llama-server stock llama.cpp's.
+STOCK = "llama.cpp's defaults: flash attention auto, repacked weights (a GEMM from 4 rows), tiled matmul"
 
 
-def kernels(label: str) -> str:
-    return KERNELS["specdec" if label.startswith("specdec") else label if label in KERNELS else "llama-server"]
+def kernels_of(label: str, target: Path) -> str:
+    ours = kernels.expected(target, 2)  # the probe's verdict, kept when specdec's servers loaded the target
+    if label.startswith("specdec"):
+        return f"{ours}: {kernels.DESCRIPTIONS[ours]} (target); the draft: llama.cpp's own"
+    if label == "llama-server exact":
+        return f"{ours}: {kernels.DESCRIPTIONS[ours]}: {' '.join(exact_flags(ours == kernels.INVARIANT)[0])}"
+    return STOCK
+
+
+def exact_flags(invariant: bool) -> tuple[list[str], dict[str, str]]:
+    """llama-server's flags and environment for the kernels specdec's target runs."""
+    env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1" if invariant else "0"}
+    return ["-fa", "off"] + ([] if invariant else ["--no-repack"]), env
 
 
 @dataclass
@@ -209,10 +219,11 @@ def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exa
     if draft is not None:
         cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
     cmd += list(extra)
-    env = dict(os.environ)
-    if exact:  # the kernels specdec runs (engine/model.py): no flash attention, repacking or tiled matmul
-        cmd += ["-fa", "off", "--no-repack"]
-        env["GGML_CPU_TILED_MM"] = "0"
+    env = {**os.environ, "GGML_CPU_BATCH_INVARIANT": "0"}  # stock llama.cpp (this process may have set it)
+    if exact:  # the kernels specdec's target runs
+        flags, more = exact_flags(kernels.expected(target, 2) == kernels.INVARIANT)
+        cmd += flags
+        env.update(more)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -250,8 +261,9 @@ def main() -> None:
                     help="run every server this many times per concurrency, in alternating order (ABBA), "
                          "and report the mean tokens/s and the pooled TTFT: this machine's speed drifts")
     ap.add_argument("--exact-llama-server", action="store_true",
-                    help="also run llama-server plain with specdec's exact-mode kernels (-fa off --no-repack, "
-                         "GGML_CPU_TILED_MM=0): what exactness costs, apart from scheduling")
+                    help="also run llama-server plain on the kernels specdec's target runs (-fa off, "
+                         "GGML_CPU_TILED_MM=0, and the invariant kernels or --no-repack): what exactness costs, "
+                         "apart from scheduling")
     ap.add_argument("--in-process", action="store_true",
                     help="also run specdec --no-draft without HTTP (Speculator.stream from the client threads): "
                          "what the server layer costs")
@@ -340,7 +352,7 @@ def main() -> None:
         "settings": {"pair": args.pair or "default", "clients": clients, "requests": args.requests,
                      "max_tokens": args.max_tokens, "rounds": args.rounds, "ctx_per_slot": CTX,
                      "specdec_parallel": args.specdec_parallel or "max(4, clients)"},
-        "servers": {label: kernels(label) for label in servers}, "costs": costs, "rounds": runs_out(rounds),
+        "servers": {label: kernels_of(label, target) for label in servers}, "costs": costs, "rounds": runs_out(rounds),
         "same_text_with_and_without_drafts": same})  # fmt: skip
 
 

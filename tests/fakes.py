@@ -163,6 +163,7 @@ class FakeGGUF(FakeModel):
             raise NotImplementedError("a fake model has no RPC placement: RPC is tested with real models")
         self.path = Path(path)
         self.placement: Placement | None = None
+        self.kernels = "invariant" if exact else "fast"
         self.where: dict[str, float] = {}
         noise = 0.25 * (zlib.crc32(self.path.name.encode()) % 5 + 1) / 5
         super().__init__(N_BYTES + len(SPECIALS), n_ctx, seed=7, window=WINDOW, scale=4.0, noise=noise,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import weakref
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec_cli.bench import prompts as bench_prompts
-from specdec_cli.engine import prompting
+from specdec_cli.engine import kernels, prompting
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.policies import compose
 from specdec_cli.engine.events import DRAFT, TARGET
@@ -20,6 +21,7 @@ from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, ModelFileError
+from specdec_cli.models import packaged
 
 PROMPTS = [
     "Write a haiku about the sea.",  # creative
@@ -110,6 +112,62 @@ def test_prompt_sized_batches_and_long_context_are_exact(which: str, smol: Model
     for j in range(9):
         np.testing.assert_array_equal(rows[j], single[j], err_msg=f"row {j} at 530")
     m.reset()
+
+
+# Every quantization a target may come in. Q4_0 and Q4_K_M are the ones llama.cpp repacks on x86 (Q2_K too,
+# with AVX-512): patch 0002 (patches/llama.cpp/) computes their rows one by one, so exact mode keeps them.
+REQUANTIZED = ["Q2_K", "Q8_0", "F32", "Q4_0", "Q4_K_M"]
+
+
+@pytest.mark.parametrize("qtype", REQUANTIZED)
+def test_requantized_models_run_invariant_kernels_and_batches_equal_single_tokens(qtype: str, smol_path: Path) -> None:
+    """The target loads with the batch-invariant kernels (the probe passed), and a prompt-sized batch and
+    verification-sized batches give the logits single tokens give."""
+    path = packaged.derived_draft(smol_path, qtype)
+    with Model(path, n_ctx=256, n_threads=2) as m:
+        assert m.kernels == kernels.INVARIANT, m.warnings
+        assert kernels.batch_equals_single(m)  # what the load's probe ran (cached across runs), run here again
+        toks = m.tokenize("Once upon a time, in a land far away, " * 8, add_special=True, parse_special=True)[:64]
+        single = [m.decode([t])[0].copy() for t in toks]
+        m.reset()
+        rows = m.decode(toks, n_logits=len(toks))
+        for j in range(len(toks)):
+            np.testing.assert_array_equal(rows[j], single[j], err_msg=f"{qtype}: prompt row {j}")
+        for b in (2, 5, 9):
+            for start in (20, 41):
+                m.prefill(toks[:start])  # the cache holds the first `start` tokens
+                rows = m.decode(toks[start : start + b], n_logits=b)
+                for j in range(b):
+                    np.testing.assert_array_equal(rows[j], single[start + j], err_msg=f"{qtype}: batch {b} at {start}")
+
+
+FALLBACK = """
+import sys
+from specdec_cli.engine import kernels
+from specdec_cli.engine.model import Model
+if sys.argv[2] == "pretend":  # a build that says it is invariant and is not (GGML_CPU_BATCH_INVARIANT=0 below)
+    kernels.invariant_build = lambda: True
+m = Model(sys.argv[1], n_ctx=128, n_threads=2)
+print(m.kernels)
+print(*m.warnings, sep="\\n")
+"""
+
+
+@pytest.mark.parametrize("how", ["stock", "pretend"])
+def test_exact_mode_falls_back_to_reference_kernels_with_one_line(how: str, smol_path: Path, tmp_path: Path) -> None:
+    """Kernels that are not batch-invariant are never used for a target: a build without them (here: switched
+    off) is named in one line; one that claims them and computes a batch differently fails the load's probe."""
+    path = packaged.derived_draft(smol_path, "Q4_K_M")  # repacked: stock llama.cpp computes 4+ rows another way
+    env = {**os.environ, "GGML_CPU_BATCH_INVARIANT": "0", "SPECDEC_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", FALLBACK, str(path), how], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kernel_set, *warnings = proc.stdout.strip().split("\n")
+    assert kernel_set == kernels.REFERENCE
+    assert len(warnings) == 1 and "exact mode runs the slower reference kernels" in warnings[0]
+    assert ("GGML_CPU_BATCH_INVARIANT is not 1" if how == "stock" else "compute a batch of tokens differently") in warnings[0]
+    if how == "pretend":
+        assert '": false' in (tmp_path / "kernels.json").read_text()  # the verdict is kept: the probe runs once
 
 
 def test_decode_longer_than_a_batch_returns_the_last_rows(smol: Model) -> None:

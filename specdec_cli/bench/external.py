@@ -1,8 +1,8 @@
 """llama.cpp's own C++ loop on the same pair, prompts and K: `llama-speculative-simple` and `llama-lookup`.
 
 Built from the same sdist with the same flags by scripts/build-llama-cpp-tools.sh,
-and run with the kernels specdec uses (no repacking, no flash attention, no tiled
-matmul), after specdec's runs. Their speed is their own "decoded N tokens in S
+and run with the kernels specdec's target uses (no flash attention, no tiled matmul;
+repacked weights row by row with the invariant kernels, else none), after specdec's runs. Their speed is their own "decoded N tokens in S
 seconds" line.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from specdec_cli.api import Speculator
 from specdec_cli.bench.core import TARGET_ONLY, BenchConfig, BenchInputError, RunRecord, Summary, category_groups
 from specdec_cli.bench.prompts import BenchPrompt
+from specdec_cli.engine.kernels import INVARIANT
 from specdec_cli.engine.settings import MODEL, NGRAM
 from specdec_cli.errors import SpecdecError
 
@@ -56,11 +57,16 @@ def llama_cpp_command(
     max_tokens: int,
     threads: int,
     ctx: int,
+    invariant: bool = False,
 ) -> list[str]:
-    """The same pair, prompt text, K and greedy settings, and the same kernels (no repacking, no flash attention)."""
+    """The same pair, prompt text, K and greedy settings, and the target's kernels: no flash attention, and no
+    repacking unless the batch-invariant kernels compute it (`invariant`: GGML_CPU_BATCH_INVARIANT=1 is in the
+    environment it inherits, engine/native.py)."""
     tool = bin_dir / LLAMA_TOOLS[cfg.drafter or ""]
     cmd = [str(tool), "-m", str(target), "-p", text, "-n", str(max_tokens), "--temp", "0", "-t", str(threads)]
-    cmd += ["-c", str(ctx), "-fa", "off", "--no-repack", "--spec-draft-n-max", str(cfg.k)]
+    cmd += ["-c", str(ctx), "-fa", "off", "--spec-draft-n-max", str(cfg.k)]
+    if not invariant:
+        cmd += ["--no-repack"]
     if cfg.drafter == MODEL:
         assert draft is not None
         cmd += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads)]
@@ -95,7 +101,8 @@ def run_llama_cpp(
     target, draft = spec.choice.target, spec.choice.draft
     info = spec.target.info()
     sp = spec.target.special_texts()
-    env = {**os.environ, "GGML_CPU_TILED_MM": "0"}
+    invariant = spec.target.kernels == INVARIANT
+    env = {**os.environ, "GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1" if invariant else "0"}
     for rep in range(repeats):
         for p in prompts:
             text = p.text
@@ -108,7 +115,8 @@ def run_llama_cpp(
                     text = text[len(sp.bos_text) :]
             for c in wanted:
                 cmd = llama_cpp_command(
-                    bin_dir, c, target, draft, text, max_tokens=max_tokens, threads=threads, ctx=spec.n_ctx
+                    bin_dir, c, target, draft, text, max_tokens=max_tokens, threads=threads, ctx=spec.n_ctx,
+                    invariant=invariant,
                 )
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
                 if proc.returncode != 0:

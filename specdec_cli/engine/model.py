@@ -1,12 +1,10 @@
 """A loaded model: its llama_model and llama_context handles, the batch, the KV cache bookkeeping.
 
-What speculative decoding needs from a model is small: tokenize and detokenize, decode a batch of
-tokens asking for logits at chosen positions only, read those logits as numpy *views* (no copy of the
-vocabulary unless the caller asks), and roll the KV cache back to a position. `Model` does exactly that
-and tracks which tokens its cache holds, so callers can reuse a common prefix instead of re-evaluating
-it. Only this module and engine/vocab.py (the llama_vocab handle) call into the
-ctypes bindings for a model; the process-wide side (bindings, exact mode, log, quantize) is
-engine/native.py, and what a GGUF file says is engine/gguf.py.
+Speculative decoding needs little from a model: tokenize, detokenize, decode a batch with logits at chosen
+rows (read as numpy *views*, no copy), and roll the cache back to a position. `Model` does that and tracks
+which tokens its cache holds, so callers reuse a common prefix. Only this module and engine/vocab.py call the
+ctypes bindings for a model; the process-wide side (bindings, exact mode, log, quantize) is engine/native.py,
+the kernel sets engine/kernels.py, and what a GGUF file says engine/gguf.py.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec_cli.engine import kernels
 from specdec_cli.engine.gguf import (
     ModelInfo,
     SpecialTexts,
@@ -50,8 +49,7 @@ class Model:
     cells sit where they would if it ran alone and its logits are bit-identical to a solo run's whatever
     runs beside it; `seq_tokens[s]` lists what sequence s holds, and every cache method takes the sequence
     (`seq`, default 0). `decode_many` decodes parts of several sequences in one `llama_decode`. Exact mode
-    (engine/native.py) unless `exact` is False (a draft's).
-    """
+    (engine/kernels.py) unless `exact` is False (a draft's)."""
 
     def __init__(
         self,
@@ -85,8 +83,16 @@ class Model:
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
         self.exact = exact  # False: a draft, which only proposes, keeps llama.cpp's faster kernels
-        mparams.use_extra_bufts = not exact  # see "Exact mode" in engine/native.py
+        # The kernels (engine/kernels.py); invariant ones are probed once loaded, else reloaded as reference.
+        self.kernels, why = kernels.choose(exact, self.placement is None, n_gpu_layers, vocab_only)
+        mparams.use_extra_bufts = self.kernels != kernels.REFERENCE
         self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
+        if self.kernels == kernels.INVARIANT and not kernels.probe(self):
+            self.close()
+            self.kernels, why, self.warnings = kernels.REFERENCE, kernels.probe_failed(self.path), []
+            mparams.use_extra_bufts = False
+            self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
+        self.warnings += [why] if why else []
 
     placement: Placement | None = None  # local; engine/rpc_model.py's PlacedModel puts layers on RPC servers
     where: dict[str, float] = {}  # MiB of weights per RPC server ("local": here), when placed
@@ -121,27 +127,23 @@ class Model:
 
         n_seq = self.n_seq
         self.warnings += check_context_fits(self.info(), n_ctx, n_seq)
-        threads = n_threads or usable_cores()
+        threads = self.n_threads = n_threads or usable_cores()
         cparams = C.llama_context_default_params()
         cparams.n_ctx = n_ctx * n_seq
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_seq
-        # One KV stream per sequence: in a unified cache, sequences' cells interleave and the
-        # attention sums run in another order than a solo run's (not bit-identical). A draft may
-        # share one (`unified`): its numbers need not match a solo run's, and a unified batch is
-        # always one micro-batch, whatever each sequence contributes.
+        # One KV stream per sequence: in a unified cache, sequences' cells interleave and the attention sums run
+        # in another order than a solo run's (not bit-identical). A draft may share one (`unified`): its numbers
+        # need not match a solo run's, and a unified batch is always one micro-batch.
         cparams.kv_unified = self.unified
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
-        # Exact mode, continued: flash attention on the CPU switches to a tiled kernel for batches of 64+
-        # queries and to a split-KV reduction for single tokens once the cache holds 512+ cells (other
-        # summation orders). A draft keeps it (AUTO): 6.1-7.0 ms a SmolLM2 token here, 7.4-8.1 without.
+        # Flash attention is off for an exact model (batch-dependent paths: engine/kernels.py); a draft: AUTO.
         cparams.flash_attn_type = 0 if self.exact else -1  # LLAMA_FLASH_ATTN_TYPE_DISABLED / _AUTO
-        # Sliding-window layers normally evict cells older than the window; a
-        # rollback would then leave holes, and the output would drift from the
-        # target alone. The full-size SWA cache keeps rollback exact.
+        # Sliding-window layers normally evict cells older than the window; a rollback would then leave holes,
+        # and the output would drift from the target alone. The full-size SWA cache keeps rollback exact.
         if C.llama_model_n_swa(model) > 0:
             cparams.swa_full = True
         ctx = C.llama_init_from_model(model, cparams)
@@ -152,8 +154,7 @@ class Model:
                 f"{self.path}{': ' + reason if reason else ''}; try a smaller --ctx-size"
             )
         self._ctx = ctx
-        # llama.cpp may round the context up (to a multiple of 256); the user's
-        # --ctx-size is the limit we enforce, so behaviour does not depend on padding.
+        # llama.cpp may round the context up (to a multiple of 256); the user's --ctx-size is the limit we enforce.
         self.n_ctx = min(n_ctx, int(C.llama_n_ctx_seq(ctx)))
         self.n_batch = n_batch
         self._mem = C.llama_get_memory(ctx)
@@ -299,8 +300,7 @@ class Model:
         C.llama_synchronize(self._ctx)
         self.decode_seconds += time.perf_counter() - t0
         if ret != 0:
-            # llama_decode leaves the cache as it was for a failed ubatch;
-            # resynchronise our view of it before reporting.
+            # llama_decode leaves the cache as it was for a failed ubatch; resynchronise our view of it.
             for seq in seqs:
                 self._resync(seq)
             if ret == 1:

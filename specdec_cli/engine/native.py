@@ -27,13 +27,17 @@ def usable_cores() -> int:
 
 # Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
 # is identical to the target alone only if a batch computes bit-identical logits
-# to single-token decoding. CPU kernels that break that are turned off: the tiled
-# K-quant matmul (taken above a batch-size floor), the repacked-weight GEMMs
-# ("extra buffer types", taken from 4 rows) and flash attention (the last two are
-# switched off per model, in engine/model.py, for a target: a draft keeps them).
-# tests/test_engine.py checks bit-identity on the packaged models. ggml reads this
-# variable once per process.
+# to single-token decoding. CPU kernels that break that are turned off or made
+# row by row: the tiled K-quant matmul (taken above a batch-size floor) is off for
+# the process; the repacked-weight GEMMs (taken from 4 rows) compute every row on
+# its own where the build has specdec's patches (patches/llama.cpp/), which
+# GGML_CPU_BATCH_INVARIANT=1 turns on, and are off for an exact model elsewhere;
+# flash attention is off for an exact model (engine/kernels.py, engine/model.py:
+# a draft keeps llama.cpp's own kernels). tests/test_engine.py checks bit-identity
+# on the packaged models and their requantizations. ggml reads both variables once
+# per process, at its first use.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+os.environ.setdefault("GGML_CPU_BATCH_INVARIANT", "1")
 
 # ggml's CPU backend computes with OpenMP (libgomp), and libgomp keeps the team of every thread that has
 # computed until that thread exits. Once a second thread computes while the first one's team exists, more

@@ -1,0 +1,142 @@
+"""Which CPU kernels a model computes with, and the load-time check that exact mode's are batch-invariant.
+
+Speculative verification decodes K+1 tokens in one batch; the output is the target's own only if a token's
+logits do not depend on what else the batch holds. Three kernel sets (`Model.kernels`):
+
+- `FAST`: llama.cpp's own choice (repacked weights, flash attention): a draft's, which only proposes.
+- `INVARIANT`: exact mode on a build with specdec's patches (patches/llama.cpp/, applied by scripts/setup.sh)
+  and GGML_CPU_BATCH_INVARIANT=1 (engine/native.py sets it): repacked weights, computed row by row (llama.cpp
+  computes them in groups of 4 rows from 4 rows on, another summation order). Checked at load by `probe`.
+- `REFERENCE`: exact mode where the build is not patched, the model is on a GPU or on RPC servers, or the
+  probe failed: repacked weights and flash attention off (what every build computes row by row on the CPU).
+
+Flash attention stays off in exact mode either way (on the CPU it switches to a tiled kernel for 64+ queries
+and to a split-KV reduction for one query over 512+ cells: other summation orders), and
+the tiled K-quant matmul is off for the whole process (engine/native.py). docs/design.md#the-kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec_cli.engine import native
+
+Model = Any  # engine/model.py's Model, which imports this module (a loaded model with `n_threads`)
+
+FAST = "fast"
+INVARIANT = "invariant"
+REFERENCE = "reference"
+
+# What `specdec` prints and the results files carry for each set.
+DESCRIPTIONS = {
+    FAST: "llama.cpp's fast kernels (repacked weights, flash attention)",
+    INVARIANT: "batch-invariant kernels (repacked weights row by row; flash attention off)",
+    REFERENCE: "reference kernels (repacked weights and flash attention off)",
+}
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the woods."
+PROBE_TOKENS = 12  # past the 4 rows where llama.cpp's repacked GEMM takes over, and over an odd remainder
+
+
+def invariant_build() -> bool:
+    """Whether this llama.cpp build has specdec's batch-invariant kernels and they are on (its system info
+    says BATCH_INVARIANT = 1; a stock build does not say it at all)."""
+    return "BATCH_INVARIANT = 1" in (native.system_info() or "")
+
+
+def choose(exact: bool, local: bool = True, n_gpu_layers: int = 0, vocab_only: bool = False) -> tuple[str, str | None]:
+    """The kernel set a model asks for (`local`: not on RPC servers), and a warning when exact mode must fall
+    back to the reference ones."""
+    if vocab_only:
+        return REFERENCE, None  # no context, no kernels
+    if not exact:
+        return FAST, None
+    if not local or (n_gpu_layers > 0 and native.bindings().llama_supports_gpu_offload()):
+        return REFERENCE, None  # on a GPU or RPC servers: their own check (engine/rpc.py), today's kernels
+    if invariant_build():
+        return INVARIANT, None
+    why = ("GGML_CPU_BATCH_INVARIANT is not 1" if "BATCH_INVARIANT = 0" in (native.system_info() or "")
+           else "this llama.cpp build has no batch-invariant kernels (scripts/setup.sh builds one)")  # fmt: skip
+    return REFERENCE, f"{why}: exact mode runs the slower reference kernels"
+
+
+def probe_failed(path: Path) -> str:
+    """The line a model loaded with the reference kernels after a failed probe carries."""
+    return (f"{path.name}: this build's repacked weights compute a batch of tokens differently from one token "
+            "at a time: exact mode runs the slower reference kernels")  # fmt: skip
+
+
+def _verdicts() -> Path:
+    from specdec_cli.models.packaged import cache_dir
+
+    return cache_dir() / "kernels.json"
+
+
+def _key(path: Path, threads: int) -> str:
+    st = path.stat()
+    build = hashlib.sha256((native.system_info() or "").encode()).hexdigest()[:16]
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}|{build}|threads={threads}"
+
+
+def _read() -> dict[str, bool]:
+    try:
+        data = json.loads(_verdicts().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, bool)} if isinstance(data, dict) else {}
+
+
+def _write(key: str, verdict: bool) -> None:
+    path = _verdicts()
+    data = _read()
+    data[key] = verdict
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a read-only cache: probe again next time
+
+
+def batch_equals_single(model: Model, n: int = PROBE_TOKENS) -> bool:
+    """Decode `n` tokens in one batch, then one at a time from an empty cache: bit-identical logits?
+    Costs n + 1 decodes; leaves the cache empty."""
+    ids = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)[: min(n, model.n_batch, model.n_ctx)]
+    model.reset()
+    batch = np.array(model.decode(ids, n_logits=len(ids)), copy=True)
+    model.reset()
+    single = np.stack([np.array(model.decode([t])[0], copy=True) for t in ids])
+    model.reset()
+    native.release_compute_threads()  # generations step on threads of their own (generation.py)
+    return bool(np.array_equal(batch, single))
+
+
+def probe(model: Model) -> bool:
+    """Whether `model`, loaded with the invariant kernels, computes a batch as it computes single tokens.
+    The verdict is kept per file, build and thread count (cache dir, kernels.json): the probe runs once.
+    SPECDEC_KERNEL_PROBE=always runs it at every load (the tests do)."""
+    key = _key(model.path, model.n_threads)
+    always = os.environ.get("SPECDEC_KERNEL_PROBE") == "always"
+    if not always:
+        known = _read().get(key)
+        if known is not None:
+            return known
+    verdict = batch_equals_single(model)
+    _write(key, verdict)
+    return verdict
+
+
+def expected(path: Path, threads: int) -> str:
+    """The kernels an exact model of `path` on this machine's CPU computes with, in another process of this
+    build (a server a benchmark started): the probe's kept verdict, where it ran, decides."""
+    kernels, _ = choose(True)
+    if kernels == INVARIANT and _read().get(_key(path, threads)) is False:
+        return REFERENCE
+    return kernels
