@@ -283,6 +283,29 @@ def screen(name: str, base: str = "results/") -> str:
     return f"```text\n{screen}\n```\n\n{caption(data, name, base)}\n"
 
 
+# ------------------------------------------------------------------ benchmarks.kernels
+def kernels(name: str, base: str = "results/") -> str:
+    """Reference against invariant kernels per model: times, and the speed ratio round by round."""
+    data = load(name)
+    st = data["settings"]
+    rows = []
+    for r in data["rows"]:
+        ref, inv = r["rounds"]["reference"], r["rounds"]["invariant"]
+
+        def cells(key: str, fmt: Callable[[float], str], faster: Callable[[float, float], float],
+                  ref: list[dict[str, float]] = ref, inv: list[dict[str, float]] = inv) -> list[str]:  # fmt: skip
+            return [spread([x[key] for x in ref], fmt), spread([x[key] for x in inv], fmt),
+                    spread([faster(a[key], b[key]) for a, b in zip(ref, inv, strict=True)], ratio)]  # fmt: skip
+
+        exact = "yes" if all(r["batch_equals_single"].values()) else "**no**"
+        rows.append([r["model"], *cells("one_token_s", lambda x: f"{x * 1000:.2f} ms", lambda a, b: a / b),
+                     *cells("batch_s", lambda x: f"{x * 1000:.1f} ms", lambda a, b: a / b),
+                     *cells("prefill_tokens_per_s", f1, lambda a, b: b / a), exact])  # fmt: skip
+    header = ["model", "one token: reference", "invariant", "speed", f"batch of {st['batch']}: reference", "invariant",
+              "speed", f"prefill {st['prefill']} (tokens/s): reference", "invariant", "speed", "batch = single"]  # fmt: skip
+    return render(data, name, table(header, rows), base, st["rounds"])
+
+
 # ------------------------------------------------------------------ the smaller ones
 def chat_ttft(name: str, base: str = "results/") -> str:
     data = load(name)

@@ -1,0 +1,110 @@
+"""What exact mode's kernels cost: the reference kernels against the batch-invariant ones, side by side.
+
+    .venv/bin/python -m benchmarks.kernels [--threads 2] [--rounds 5]
+
+For the packaged models and SmolLM2's requantizations (Q4_0 and Q4_K_M are the quantizations llama.cpp
+repacks on x86; Q4_1, the packaged SmolLM2, is not), each file is loaded twice in this process, as a target
+is: with the reference kernels (repacked weights and flash attention off) and with the invariant ones
+(repacked weights computed row by row, patches/llama.cpp/). Rounds alternate between the two. Per round:
+a single-token decode after 100 cells (median of 15), a verification batch of 9 tokens, and a 512-token
+prompt prefill. Both must compute a batch exactly as single tokens (checked on each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from benchmarks import record
+from specdec_cli.calibration import BASE_TEXT
+from specdec_cli.engine import kernels
+from specdec_cli.engine.model import Model
+from specdec_cli.models import packaged
+
+SETS = (kernels.REFERENCE, kernels.INVARIANT)
+CONTEXT, BATCH, PREFILL = 100, 9, 512
+
+
+def models() -> dict[str, str]:
+    smol = packaged.smollm2_path()
+    return {
+        "SmolLM2-135M Q4_1 (packaged)": str(smol),
+        "SmolLM2-135M Q4_0": str(packaged.derived_draft(smol, "Q4_0")),
+        "SmolLM2-135M Q4_K_M": str(packaged.derived_draft(smol, "Q4_K_M")),
+        "Gemma-3-270M Q4_K_M (packaged)": str(packaged.gemma3_path()),
+    }
+
+
+@contextmanager
+def loaded(path: str, which: str, threads: int) -> Iterator[Model]:
+    """A target's `Model` on the kernel set named (this benchmark picks it; specdec picks invariant)."""
+    real = kernels.choose
+    kernels.choose = lambda *a, **k: (which, None)  # type: ignore[assignment]
+    try:
+        m = Model(path, n_ctx=1024, n_threads=threads)
+    finally:
+        kernels.choose = real  # type: ignore[assignment]
+    try:
+        assert m.kernels == which, (m.kernels, m.warnings)
+        yield m
+    finally:
+        m.close()
+
+
+def timed(m: Model, tokens: list[int], keep: int, n: int, repeats: int) -> float:
+    """Median seconds to decode tokens[keep:keep + n] after the first `keep` (logits at every row)."""
+    m.prefill(tokens[:keep])
+    times = []
+    for _ in range(repeats):
+        m.rollback(keep)
+        t0 = time.perf_counter()
+        m.decode(tokens[keep : keep + n], n_logits=min(n, m.n_batch))
+        times.append(time.perf_counter() - t0)
+    m.rollback(keep)
+    return statistics.median(times)
+
+
+def one_round(m: Model, tokens: list[int]) -> dict[str, float]:
+    one = timed(m, tokens, CONTEXT, 1, 15)
+    batch = timed(m, tokens, CONTEXT, BATCH, 5)
+    m.reset()
+    t0 = time.perf_counter()
+    m.prefill(tokens[:PREFILL])
+    prefill = time.perf_counter() - t0
+    m.reset()
+    return {"one_token_s": one, "batch_s": batch, "prefill_tokens_per_s": PREFILL / prefill}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    record.add_option(ap)
+    args = ap.parse_args()
+    rows, files = [], models()
+    for name, path in files.items():
+        with loaded(path, kernels.REFERENCE, args.threads) as ref, loaded(path, kernels.INVARIANT, args.threads) as inv:
+            pair = {kernels.REFERENCE: ref, kernels.INVARIANT: inv}
+            tokens = ref.tokenize(BASE_TEXT * 12, add_special=True, parse_special=False)[:PREFILL]
+            rounds: dict[str, list[dict[str, float]]] = {k: [] for k in SETS}
+            for r in range(args.rounds):
+                for which in SETS if r % 2 == 0 else reversed(SETS):
+                    rounds[which].append(one_round(pair[which], tokens))
+            exact = {which: kernels.batch_equals_single(m) for which, m in pair.items()}
+        rows.append({"model": name, "file": path.rsplit("/", 1)[-1], "rounds": rounds, "batch_equals_single": exact})
+        med = {w: {k: statistics.median(x[k] for x in rounds[w]) for k in rounds[w][0]} for w in SETS}
+        ref_m, inv_m = med[kernels.REFERENCE], med[kernels.INVARIANT]
+        print(f"{name:32s} one token {ref_m['one_token_s'] * 1e3:6.2f} -> {inv_m['one_token_s'] * 1e3:6.2f} ms  "
+              f"batch of {BATCH} {ref_m['batch_s'] * 1e3:6.1f} -> {inv_m['batch_s'] * 1e3:6.1f} ms  "
+              f"prefill {ref_m['prefill_tokens_per_s']:6.1f} -> {inv_m['prefill_tokens_per_s']:6.1f} tok/s  "
+              f"batch==single {exact}", flush=True)  # fmt: skip
+    record.save(args, "kernels", threads=args.threads, models=files,
+                data={"settings": {"rounds": args.rounds, "context": CONTEXT, "batch": BATCH, "prefill": PREFILL},
+                      "rows": rows})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
