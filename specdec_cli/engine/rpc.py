@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec_cli.engine import native
+from specdec_cli.engine import kernels
 from specdec_cli.errors import RpcError, UsageError
 
 PROTOCOL = (7, 0, 0)  # RPC_PROTO_*_VERSION in ggml-rpc.h of llama-cpp-python 0.3.36's llama.cpp
@@ -250,16 +250,7 @@ def check_exact(model: Any, placement: Placement, n: int = 12) -> None:
     """Refuse servers whose batch logits differ from single-token logits (a build with llamafile's sgemm
     or repacked weights): speculative output would then drift from the target alone. Costs n + 1 decodes
     at load."""
-    import numpy as np
-
-    ids = [t for t in model.tokenize("The quick brown fox jumps over the lazy dog, and then it runs away.",
-                                     add_special=True, parse_special=False)][:n]  # fmt: skip
-    batch = np.array(model.decode(ids, n_logits=len(ids)), copy=True)
-    model.reset()
-    single = np.stack([np.array(model.decode([t])[0], copy=True) for t in ids])
-    model.reset()
-    native.release_compute_threads()  # generations step on threads of their own (generation.py)
-    if not np.array_equal(batch, single):
+    if kernels.batch_equals_single(model, n) is not True:  # None (non-finite logits) refused as before
         several = len(placement.endpoints) > 1
         raise RpcError(f"the RPC server{'s' if several else ''} {', '.join(placement.endpoints)} "
                        f"{'compute' if several else 'computes'} a batch of tokens differently from one token at a time (a llama.cpp build with "
