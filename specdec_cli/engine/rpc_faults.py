@@ -18,6 +18,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -116,15 +117,22 @@ def forget(endpoints: Sequence[str]) -> None:
         retire(e)
 
 
-def lost_endpoints(candidates: Sequence[str]) -> tuple[str, ...]:
-    """Which of these no longer accept a connection (all of them, when every one still does)."""
-    dead = []
-    for e in candidates:
-        try:
-            socket.create_connection(split_endpoint(e), timeout=1.0).close()
-        except OSError:
-            dead.append(e)
-    return tuple(dead or candidates)
+def lost_endpoints(candidates: Sequence[str], looks: int = 3) -> tuple[str, ...]:
+    """Which of these no longer accept a connection (all of them, when every one still does). A server being
+    killed can drop our connection an instant before its listening socket closes: when every one still
+    accepts, look again (`looks` times, 0.2 s apart) before naming them all."""
+    for look in range(looks):
+        dead = []
+        for e in candidates:
+            try:
+                socket.create_connection(split_endpoint(e), timeout=1.0).close()
+            except OSError:
+                dead.append(e)
+        if dead:
+            return tuple(dead)
+        if look + 1 < looks:
+            time.sleep(0.2)
+    return tuple(candidates)
 
 
 def _on_abort(message: bytes | None) -> None:
