@@ -37,6 +37,7 @@ def calibrated(target: str | os.PathLike[str], draft: str | os.PathLike[str] | N
     target decodes, measured now as the auto drafter's calibration measures them (not read from its cache)."""
     from specdec_cli.calibration import BASE_TEXT
     from specdec_cli.engine.costs import batch_costs, draft_token_seconds, sizes_for
+    from specdec_cli.engine import native
     from specdec_cli.engine.model import Model
 
     with Model(target, n_ctx=1024, n_threads=threads) as t:
@@ -47,6 +48,7 @@ def calibrated(target: str | os.PathLike[str], draft: str | os.PathLike[str] | N
         with Model(draft, n_ctx=1024, n_threads=threads, exact=False) as d:
             d_base = d.tokenize(BASE_TEXT * 2, add_special=True, parse_special=False)
             draft_cost = round(draft_token_seconds(d, d_base[:-1], d_base[-1]) / one, 4)
+    native.release_compute_threads()  # a Speculator this process loads next steps on a thread of its own
     return {"target_ms": round(one * 1000, 3), "batch": {str(b): round(c, 4) for b, c in sorted(relative.items())},
             "draft": draft_cost}  # fmt: skip
 
