@@ -14,7 +14,10 @@ aggregate completion tokens/s over the wall time, time to first token (request s
 to first content chunk) p50/p95, per-request tokens/s (first to last chunk) median.
 Everything is measured in this one run, side by side; the ratios at the end are
 specdec auto over the better llama-server at the same concurrency. This machine's speed
-drifts by tens of percent over minutes: `--rounds 2` runs each server twice in ABBA order.
+drifts by tens of percent over minutes: at each concurrency every server is started once and
+kept up (each idles while another is measured), and `--rounds N` measures them N times in
+ABBA order, so that a round's servers run seconds apart. From the second round on, each
+server may find a prompt's prefix in a slot's cache, as a real server does.
 """
 
 from __future__ import annotations
@@ -258,7 +261,7 @@ def main() -> None:
     ap.add_argument("--specdec-parallel", type=int, default=0,
                     help="specdec's --parallel (0: its default, 4, or as many slots as clients where more)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="run every server this many times per concurrency, in alternating order (ABBA), "
+                    help="measure every server this many times per concurrency, in alternating order (ABBA), "
                          "and report the mean tokens/s and the pooled TTFT: this machine's speed drifts")
     ap.add_argument("--exact-llama-server", action="store_true",
                     help="also run llama-server plain on the kernels specdec's target runs (-fa off, "
@@ -305,21 +308,26 @@ def main() -> None:
         servers = {label: start for label, start in servers.items() if label in keep}
     runs: dict[tuple[str, int], list[Run]] = {}
     for c in clients:
-        for r in range(args.rounds):
-            order = list(servers.items()) if r % 2 == 0 else list(reversed(servers.items()))
-            for label, start in order:
-                with start(c) as s:  # type: ignore[operator]
-                    if hasattr(s, "stream"):  # a Speculator: no HTTP
-                        s.generate("Hello", max_tokens=8)
+        with contextlib.ExitStack() as stack:  # every server up side by side, each idle while another runs
+            up: dict[str, Any] = {}
+            for label, start in servers.items():
+                s = stack.enter_context(start(c))  # type: ignore[operator]
+                if hasattr(s, "stream"):  # a Speculator: no HTTP
+                    s.generate("Hello", max_tokens=8)
+                else:  # warm up (specdec calibrates here on first use)
+                    one_request(s if isinstance(s, str) else s.base_url, "Hello", 8)
+                up[label] = s
+            for r in range(args.rounds):
+                order = list(up.items()) if r % 2 == 0 else list(reversed(up.items()))
+                for label, s in order:
+                    if hasattr(s, "stream"):
                         run = measure_in_process(s, c, args.requests, args.max_tokens)
                     else:
-                        base = s if isinstance(s, str) else s.base_url
-                        one_request(base, "Hello", 8)  # warm up (specdec calibrates here on first use)
-                        run = measure(base, c, args.requests, args.max_tokens)
-                runs.setdefault((label, c), []).append(run)
-                print(f"{label:>20} c={c}: {run.tokens_per_second:6.1f} tok/s  TTFT p50 {run.ttft_p50 * 1000:5.0f} ms"
-                      f"  p95 {run.ttft_p95 * 1000:5.0f} ms  per request {run.per_request:5.1f} tok/s",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                        run = measure(s if isinstance(s, str) else s.base_url, c, args.requests, args.max_tokens)
+                    runs.setdefault((label, c), []).append(run)
+                    print(f"{label:>20} c={c}: {run.tokens_per_second:6.1f} tok/s  TTFT p50 {run.ttft_p50 * 1000:5.0f} ms"
+                          f"  p95 {run.ttft_p95 * 1000:5.0f} ms  per request {run.per_request:5.1f} tok/s",
+                          file=sys.stderr, flush=True)  # fmt: skip
     results = {key: pooled(rs) for key, rs in runs.items()}
     print(f"pair: {args.pair or 'default'}; {args.requests} requests per client, {args.max_tokens} tokens, greedy; "
           f"{args.rounds} round(s); specdec --parallel {args.specdec_parallel or 'max(4, clients)'}; "
@@ -327,9 +335,9 @@ def main() -> None:
     print(f"{'clients':>7}  {'server':>20}  {'tok/s':>7}  {'TTFT p50':>9}  {'TTFT p95':>9}  {'per request':>11}  {'tokens':>6}")
     for c in clients:
         for label in servers:
-            r = results[label, c]
-            print(f"{c:>7}  {label:>20}  {r.tokens_per_second:>7.1f}  {r.ttft_p50 * 1000:>7.0f}ms"
-                  f"  {r.ttft_p95 * 1000:>7.0f}ms  {r.per_request:>11.1f}  {r.tokens:>6}")  # fmt: skip
+            res = results[label, c]
+            print(f"{c:>7}  {label:>20}  {res.tokens_per_second:>7.1f}  {res.ttft_p50 * 1000:>7.0f}ms"
+                  f"  {res.ttft_p95 * 1000:>7.0f}ms  {res.per_request:>11.1f}  {res.tokens:>6}")  # fmt: skip
         ours, plain = results.get(("specdec auto", c)), results.get(("specdec --no-draft", c))
         theirs = [results[k, c] for k in LLAMA if (k, c) in results]
         if ours is None or plain is None:
