@@ -44,20 +44,34 @@ from benchmarks.record import pair_files
 from specdec_cli.engine import kernels
 from tests.server_fixtures import live_server
 
-# Prompts whose answers run past --max-tokens on both packaged targets (measured: 145-200+ tokens), so
-# that every request generates exactly --max-tokens on every server: llama-server's default kernels give
-# other texts than specdec's exact ones, and answers ending at different lengths would give the servers
-# different work (how long a batch runs with fewer sequences). The "tokens" column shows it is the same.
-PROMPTS = [
-    "Write a detailed essay about the history of the printing press.",
-    "Write a long story about a lighthouse keeper and a storm at sea.",
-    "Explain in detail how a car engine works, step by step.",
-    "Describe the water cycle in several paragraphs.",
-    "Write a long letter to a friend about a trip to the mountains.",
-    "Explain in detail what a hash table is and how collisions are handled.",
-    "Describe each planet of the solar system in its own paragraph.",
-    "Write a detailed guide to learning a new language as an adult.",
-]
+# Prompts whose answers run past --max-tokens on both packaged targets, so that every request generates
+# exactly --max-tokens on every server: llama-server's default kernels give other texts than specdec's exact
+# ones, and answers ending at different lengths would give the servers different work (how long a batch runs
+# with fewer sequences). The "tokens" column shows it is the same. Every request of a run (round, client,
+# request) asks about another subject while there are subjects left: a prompt sent again would find its
+# prefix in a cache (llama-server keeps prompts in RAM) and its earlier answer in specdec's token pool.
+SUBJECTS = [
+    "the history of the printing press", "how a car engine works", "the water cycle", "how hash tables handle collisions",
+    "the planets of the solar system", "learning a new language as an adult", "the life of a lighthouse keeper",
+    "the causes of the French Revolution", "how vaccines train the immune system", "the invention of the telephone",
+    "how bees make honey", "the rules of chess", "the building of the pyramids", "how a bill becomes law",
+    "the migration of monarch butterflies", "the history of the bicycle", "how glaciers shape valleys",
+    "the life cycle of a star", "the Silk Road", "how bread rises", "the history of the Olympic Games",
+    "how airplanes fly", "the causes of earthquakes", "the invention of paper", "how the heart pumps blood",
+    "the Roman aqueducts", "how rainbows form", "the history of coffee", "how submarines dive and surface",
+    "the growth of cities in the nineteenth century", "how photosynthesis works", "the history of maps",
+    "how a compiler works", "the domestication of dogs", "the history of jazz", "how tides work",
+    "the Great Wall of China", "how solar panels make electricity", "the history of the printing of money",
+    "how volcanoes erupt", "the Renaissance in Florence", "how a refrigerator keeps food cold",
+    "the history of chocolate", "how birds navigate", "the first voyage around the world", "how batteries store energy",
+    "the history of the violin", "how forests recover after a fire", "the invention of the steam engine",
+    "how the internet routes a message", "the history of tea", "how coral reefs grow", "the history of the calendar",
+    "how a camera captures light", "the life of honeybee colonies in winter", "the history of skiing",
+    "how rivers form deltas", "the invention of the microscope", "how memory works in the human brain",
+    "the history of the postal service", "how wind turbines work", "the history of glassmaking",
+    "how ants organise their colonies", "the history of the railway",
+]  # fmt: skip
+PROMPTS = [f"Write a detailed essay about {s}, in several long paragraphs." for s in SUBJECTS]
 CTX = 4096  # per slot
 LLAMA = ("llama-server", "llama-server -md")  # the servers specdec auto is compared with
 # The CPU kernels each server computes with, for the results file (`kernels_of`): specdec's target runs exact
@@ -131,7 +145,8 @@ def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) 
     return first - t0, tokens / max(last - first, 1e-9), tokens, "".join(text)
 
 
-def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[float, float, int, str]]) -> Run:
+def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[float, float, int, str]],
+                first: int = 0) -> Run:  # fmt: skip
     """`clients` threads, each sending `requests` prompts one after the other through `one(client, prompt)`
     (TTFT, tokens/s of the request, tokens, text); aggregate tokens/s over the wall time."""
     ttft: list[float] = []
@@ -142,7 +157,7 @@ def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[flo
 
     def client(c: int) -> None:
         for i in range(requests):
-            prompt = PROMPTS[(c * requests + i) % len(PROMPTS)]
+            prompt = PROMPTS[(first + c * requests + i) % len(PROMPTS)]
             a, b, n, text = one(c, prompt)
             with lock:
                 ttft.append(a)
@@ -161,7 +176,7 @@ def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[flo
     return Run(total[0] / wall, statistics.median(ttft), p95(ttft), statistics.median(tps), total[0], texts, ttft)
 
 
-def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int) -> Run:
+def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int, first_prompt: int = 0) -> Run:
     """The same clients calling `Speculator.stream` from threads: the batch engine without HTTP (a diagnosis:
     what the server layer costs on top of it)."""
 
@@ -178,15 +193,16 @@ def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int) 
         assert first is not None and last is not None
         return first - t0, n / max(last - first, 1e-9), n, "".join(text)
 
-    return run_clients(clients, requests, one)
+    return run_clients(clients, requests, one, first_prompt)
 
 
-def measure(base: str, clients: int, requests: int, max_tokens: int) -> Run:
+def measure(base: str, clients: int, requests: int, max_tokens: int, first_prompt: int = 0) -> Run:
     https = [httpx.Client(timeout=600) for _ in range(clients)]
     for http in https:  # connected before the clock starts
         http.get(base.removesuffix("/v1") + "/health")
     try:
-        return run_clients(clients, requests, lambda c, prompt: one_request(base, prompt, max_tokens, https[c]))
+        return run_clients(clients, requests, lambda c, prompt: one_request(base, prompt, max_tokens, https[c]),
+                           first_prompt)  # fmt: skip
     finally:
         for http in https:
             http.close()
@@ -319,11 +335,13 @@ def main() -> None:
                 up[label] = s
             for r in range(args.rounds):
                 order = list(up.items()) if r % 2 == 0 else list(reversed(up.items()))
+                first = r * c * args.requests  # every server gets the round's prompts; each round new ones
                 for label, s in order:
                     if hasattr(s, "stream"):
-                        run = measure_in_process(s, c, args.requests, args.max_tokens)
+                        run = measure_in_process(s, c, args.requests, args.max_tokens, first)
                     else:
-                        run = measure(s if isinstance(s, str) else s.base_url, c, args.requests, args.max_tokens)
+                        run = measure(s if isinstance(s, str) else s.base_url, c, args.requests, args.max_tokens,
+                                      first)  # fmt: skip
                     runs.setdefault((label, c), []).append(run)
                     print(f"{label:>20} c={c}: {run.tokens_per_second:6.1f} tok/s  TTFT p50 {run.ttft_p50 * 1000:5.0f} ms"
                           f"  p95 {run.ttft_p95 * 1000:5.0f} ms  per request {run.per_request:5.1f} tok/s",
