@@ -36,8 +36,8 @@ def calibrated(target: str | os.PathLike[str], draft: str | os.PathLike[str] | N
     """This machine's batch costs c(b) for the target and the draft's cost per token, in single-token
     target decodes, measured now as the auto drafter's calibration measures them (not read from its cache)."""
     from specdec_cli.calibration import BASE_TEXT
-    from specdec_cli.engine.costs import batch_costs, draft_token_seconds, sizes_for
     from specdec_cli.engine import native
+    from specdec_cli.engine.costs import batch_costs, draft_token_seconds, sizes_for
     from specdec_cli.engine.model import Model
 
     with Model(target, n_ctx=1024, n_threads=threads) as t:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec_cli.engine.drafters import DraftRequest, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import RETRY_SHARE, AutoDrafter, AutoState
@@ -119,6 +121,46 @@ def test_speedup_model_numbers() -> None:
     assert perfect_speedup(costs, 8, draft_cost=1.0)[1] < 1.0
     # With 50% acceptance a free drafter should not be verified at all.
     assert best_length(Acceptance(prior=0.5), costs, 8) == (0, 1.0)
+
+
+def _expected_from_counts(acc: Acceptance, k: int) -> float:
+    """E(k) recomputed from position 0, as the docstring's formula reads (no cached prefix)."""
+    total, prior, p = 0.0, acc.prior, 1.0
+    for i in range(k):
+        t = acc.tries[i] if i < len(acc.tries) else 0.0
+        h = acc.hits[i] if i < len(acc.hits) else 0.0
+        prior = (h + prior * acc.weight) / (t + acc.weight)
+        p *= prior
+        total += p
+    return 1.0 + total
+
+
+OPS = st.one_of(
+    st.tuples(st.just("observe"), st.integers(0, 9), st.integers(0, 9)),
+    st.tuples(st.just("forget"), st.floats(0.1, 1.0)),
+    st.tuples(st.just("begin_proposal")),
+    st.tuples(st.just("record"), st.integers(0, 9), st.booleans()),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(OPS, max_size=30), st.lists(st.integers(0, 12), min_size=1, max_size=6))
+def test_acceptance_estimates_kept_between_observations_equal_a_fresh_computation(
+    ops: list[tuple], ks: list[int]
+) -> None:
+    """The planner prices every draft length of every slot each step: E(k) and the rates are kept and
+    extended between observations. They must be the very numbers a computation from scratch gives,
+    bit for bit, after any mix of observations (whole or position by position, as the gate records
+    them) and forgetting, whatever lengths were asked before."""
+    acc = Acceptance(prior=0.6)
+    for op, *args in ops:
+        for k in ks:  # ask before every change, so that stale values would show
+            assert acc.expected(k) == _expected_from_counts(acc, k)
+        getattr(acc, op)(*args)
+    for k in ks:
+        assert acc.expected(k) == _expected_from_counts(acc, k)
+        assert acc.rate(k) == acc._rates(k + 1)[-1]
+        assert acc.p_run(k) == [acc.p_run(i)[-1] for i in range(1, k + 1)]
 
 
 def test_one_slow_decode_does_not_make_batches_look_free() -> None:

@@ -35,38 +35,53 @@ class Acceptance:
         self.tries: list[float] = []  # tries[i]: proposals that reached position i + 1
         self.hits: list[float] = []  # hits[i]: ... and were accepted there
         self.n = 0  # observations, undecayed
+        # rates, P(first i accepted) and their running sums by position, extended as asked and dropped
+        # when an observation changes them: the batch planner prices every draft length of every slot
+        # each step, and recomputing each from position 0 cost it milliseconds a step
+        self._r: list[float] = []
+        self._p: list[float] = []
+        self._sum: list[float] = [0.0]
 
     def rate(self, i: int) -> float:
         return self._rates(i + 1)[i]
 
-    def _rates(self, n: int) -> list[float]:
-        """Rates for positions 0..n-1. Each position is smoothed towards the one before it
-        (position 0 towards `prior`): a position rarely reached because K stayed short is
-        assumed to behave like the last one measured, so K can grow when drafts are good."""
-        out, prior = [], self.prior
-        for i in range(n):
+    def _extend(self, n: int) -> None:
+        """Each position is smoothed towards the one before it (position 0 towards `prior`): a
+        position rarely reached because K stayed short is assumed to behave like the last one
+        measured, so K can grow when drafts are good."""
+        r, p, acc = self._r, self._p, self._sum
+        prior = r[-1] if r else self.prior
+        for i in range(len(r), n):
             t = self.tries[i] if i < len(self.tries) else 0.0
             h = self.hits[i] if i < len(self.hits) else 0.0
             prior = (h + prior * self.weight) / (t + self.weight)
-            out.append(prior)
-        return out
+            r.append(prior)
+            p.append((p[-1] if p else 1.0) * prior)
+            acc.append(acc[-1] + p[-1])
+
+    def _changed(self) -> None:
+        self._r, self._p, self._sum = [], [], [0.0]
+
+    def _rates(self, n: int) -> list[float]:
+        """Rates for positions 0..n-1."""
+        self._extend(n)
+        return self._r[:n]
 
     def p_run(self, n: int) -> list[float]:
         """P(the first i tokens are accepted), i = 1..n."""
-        out, p = [], 1.0
-        for r in self._rates(n):
-            p *= r
-            out.append(p)
-        return out
+        self._extend(n)
+        return self._p[:n]
 
     def expected(self, k: int) -> float:
         """E(k): tokens a step that verifies k drafted tokens emits, on average."""
-        return 1.0 + sum(self.p_run(k))
+        self._extend(k)
+        return 1.0 + self._sum[max(k, 0)]
 
     def forget(self, keep: float) -> None:
         """Weigh everything seen so far by `keep` (a new text: its own evidence should dominate soon)."""
         self.tries = [t * keep for t in self.tries]
         self.hits = [h * keep for h in self.hits]
+        self._changed()
 
     def observe(self, n_proposed: int, n_accepted: int) -> None:
         """A proposal of n tokens whose first n_accepted were right (positions past the first miss were not reached)."""
@@ -82,6 +97,7 @@ class Acceptance:
         self.tries = [t * self.decay for t in self.tries]
         self.hits = [h * self.decay for h in self.hits]
         self.n += 1
+        self._changed()
 
     def record(self, i: int, hit: bool) -> None:
         """Position i of the current proposal (every earlier one right) was reached: right or wrong."""
@@ -91,6 +107,7 @@ class Acceptance:
         self.tries[i] += 1.0
         if hit:
             self.hits[i] += 1.0
+        self._changed()
 
 
 class RecentMedian:

@@ -178,6 +178,8 @@ class Planner:
         fixed = any(s.job is not None and s.job.kind == MODEL for s in gen)  # drafts whatever the plan
         longest = max(len(s.lookup.tokens) for s in gen)
         top = max(caps.values()) if model_ok or fixed else min(max(caps.values()), longest)
+        if model_ok and not fixed and self.model_k_max:  # ... and longer than the model's longest draft
+            top = min(top, max(longest, self.model_k_max))
         if top == 0:
             return {}  # nothing to draft from: a plain step
         seen: set[tuple[tuple[str, int], ...]] = set()
