@@ -219,7 +219,7 @@ def bench(*args: str) -> Any:
 def test_bench_json_compares_configurations_side_by_side() -> None:
     res = bench(
         "--configs", "target,ngram:auto,model:2", "--category", "input-grounded", "--repeats", "1", "--warmup", "0",
-        "-n", "24", "--threads", "2", "--ctx-size", "1024", "--json",
+        "-n", "24", "--threads", "2", "--ctx-size", "1024", "--ngram-draft-max", "8", "--json",
     )  # fmt: skip
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
