@@ -41,6 +41,7 @@ import httpx
 
 from benchmarks import record
 from benchmarks.record import pair_files
+from specdec_cli.bench.external import target_kernels
 from specdec_cli.engine import kernels
 from tests.server_fixtures import live_server
 
@@ -84,14 +85,8 @@ def kernels_of(label: str, target: Path) -> str:
     if label.startswith("specdec"):
         return f"{ours}: {kernels.DESCRIPTIONS[ours]} (target); the draft: llama.cpp's own"
     if label == "llama-server exact":
-        return f"{ours}: {kernels.DESCRIPTIONS[ours]}: {' '.join(exact_flags(ours == kernels.INVARIANT)[0])}"
+        return f"{ours}: {kernels.DESCRIPTIONS[ours]}: {' '.join(target_kernels(ours == kernels.INVARIANT)[0])}"
     return STOCK
-
-
-def exact_flags(invariant: bool) -> tuple[list[str], dict[str, str]]:
-    """llama-server's flags and environment for the kernels specdec's target runs."""
-    env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1" if invariant else "0"}
-    return ["-fa", "off"] + ([] if invariant else ["--no-repack"]), env
 
 
 @dataclass
@@ -240,7 +235,7 @@ def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exa
     cmd += list(extra)
     env = {**os.environ, "GGML_CPU_BATCH_INVARIANT": "0"}  # stock llama.cpp (this process may have set it)
     if exact:  # the kernels specdec's target runs
-        flags, more = exact_flags(kernels.expected(target, 2) == kernels.INVARIANT)
+        flags, more = target_kernels(kernels.expected(target, 2) == kernels.INVARIANT)
         cmd += flags
         env.update(more)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -330,8 +325,9 @@ def main() -> None:
                 s = stack.enter_context(start(c))  # type: ignore[operator]
                 if hasattr(s, "stream"):  # a Speculator: no HTTP
                     s.generate("Hello", max_tokens=8)
-                else:  # warm up (specdec calibrates here on first use)
-                    one_request(s if isinstance(s, str) else s.base_url, "Hello", 8)
+                else:  # its base URL; warm up (specdec calibrates here on first use)
+                    s = s if isinstance(s, str) else s.base_url
+                    one_request(s, "Hello", 8)
                 up[label] = s
             for r in range(args.rounds):
                 order = list(up.items()) if r % 2 == 0 else list(reversed(up.items()))
@@ -340,8 +336,7 @@ def main() -> None:
                     if hasattr(s, "stream"):
                         run = measure_in_process(s, c, args.requests, args.max_tokens, first)
                     else:
-                        run = measure(s if isinstance(s, str) else s.base_url, c, args.requests, args.max_tokens,
-                                      first)  # fmt: skip
+                        run = measure(s, c, args.requests, args.max_tokens, first)
                     runs.setdefault((label, c), []).append(run)
                     print(f"{label:>20} c={c}: {run.tokens_per_second:6.1f} tok/s  TTFT p50 {run.ttft_p50 * 1000:5.0f} ms"
                           f"  p95 {run.ttft_p95 * 1000:5.0f} ms  per request {run.per_request:5.1f} tok/s",

@@ -47,6 +47,14 @@ class ExternalRun:
     accepted: int
 
 
+def target_kernels(invariant: bool) -> tuple[list[str], dict[str, str]]:
+    """A llama.cpp tool's flags and environment for the kernels specdec's target computes with (engine/kernels.py):
+    no flash attention, no tiled matmul, and repacked weights only where the batch-invariant kernels compute
+    them row by row (`invariant`), else none. The serve benchmark's `llama-server exact` runs these too."""
+    env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1" if invariant else "0"}
+    return ["-fa", "off"] + ([] if invariant else ["--no-repack"]), env
+
+
 def llama_cpp_command(
     bin_dir: Path,
     cfg: BenchConfig,
@@ -59,14 +67,11 @@ def llama_cpp_command(
     ctx: int,
     invariant: bool = False,
 ) -> list[str]:
-    """The same pair, prompt text, K and greedy settings, and the target's kernels: no flash attention, and no
-    repacking unless the batch-invariant kernels compute it (`invariant`: GGML_CPU_BATCH_INVARIANT=1 is in the
-    environment it inherits, engine/native.py)."""
+    """The same pair, prompt text, K and greedy settings, and the target's kernels (`target_kernels`; the
+    environment comes from it too, in `run_llama_cpp`)."""
     tool = bin_dir / LLAMA_TOOLS[cfg.drafter or ""]
     cmd = [str(tool), "-m", str(target), "-p", text, "-n", str(max_tokens), "--temp", "0", "-t", str(threads)]
-    cmd += ["-c", str(ctx), "-fa", "off", "--spec-draft-n-max", str(cfg.k)]
-    if not invariant:
-        cmd += ["--no-repack"]
+    cmd += ["-c", str(ctx), "--spec-draft-n-max", str(cfg.k), *target_kernels(invariant)[0]]
     if cfg.drafter == MODEL:
         assert draft is not None
         cmd += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads)]
@@ -102,7 +107,7 @@ def run_llama_cpp(
     info = spec.target.info()
     sp = spec.target.special_texts()
     invariant = spec.target.kernels == INVARIANT
-    env = {**os.environ, "GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1" if invariant else "0"}
+    env = {**os.environ, **target_kernels(invariant)[1]}
     for rep in range(repeats):
         for p in prompts:
             text = p.text
