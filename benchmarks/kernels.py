@@ -5,9 +5,10 @@
 For the packaged models and SmolLM2's requantizations (Q4_0 and Q4_K_M are the quantizations llama.cpp
 repacks on x86; Q4_1, the packaged SmolLM2, is not), each file is loaded twice in this process, as a target
 is: with the reference kernels (repacked weights and flash attention off) and with the invariant ones
-(repacked weights computed row by row, patches/llama.cpp/). Rounds alternate between the two. Per round:
-a single-token decode after 100 cells (median of 15), a verification batch of 9 tokens, and a 512-token
-prompt prefill. Both must compute a batch exactly as single tokens (checked on each).
+(repacked weights computed row by row, flash attention in fixed chunks of cells: patches/llama.cpp/). Rounds
+alternate between the two. Per round: a single-token decode after 100 cells (median of 15) and after 1000
+(attention's share grows with the cells), a verification batch of 9 tokens after 100, and a 512-token prompt
+prefill. Both must compute a batch exactly as single tokens (checked on each).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from specdec_cli.engine.model import Model
 from specdec_cli.models import packaged
 
 SETS = (kernels.REFERENCE, kernels.INVARIANT)
-CONTEXT, BATCH, PREFILL = 100, 9, 512
+CONTEXT, LONG, BATCH, PREFILL = 100, 1000, 9, 512
 
 
 def models() -> dict[str, str]:
@@ -44,7 +45,7 @@ def loaded(path: str, which: str, threads: int) -> Iterator[Model]:
     real = kernels.choose
     kernels.choose = lambda *a, **k: (which, None)  # type: ignore[assignment]
     try:
-        m = Model(path, n_ctx=1024, n_threads=threads)
+        m = Model(path, n_ctx=LONG + 64, n_threads=threads)
     finally:
         kernels.choose = real  # type: ignore[assignment]
     try:
@@ -70,12 +71,13 @@ def timed(m: Model, tokens: list[int], keep: int, n: int, repeats: int) -> float
 def one_round(m: Model, tokens: list[int]) -> dict[str, float]:
     one = timed(m, tokens, CONTEXT, 1, 15)
     batch = timed(m, tokens, CONTEXT, BATCH, 5)
+    long = timed(m, tokens, LONG, 1, 15)
     m.reset()
     t0 = time.perf_counter()
     m.prefill(tokens[:PREFILL])
     prefill = time.perf_counter() - t0
     m.reset()
-    return {"one_token_s": one, "batch_s": batch, "prefill_tokens_per_s": PREFILL / prefill}
+    return {"one_token_s": one, "one_token_long_s": long, "batch_s": batch, "prefill_tokens_per_s": PREFILL / prefill}
 
 
 def main() -> None:
@@ -88,7 +90,8 @@ def main() -> None:
     for name, path in files.items():
         with loaded(path, kernels.REFERENCE, args.threads) as ref, loaded(path, kernels.INVARIANT, args.threads) as inv:
             pair = {kernels.REFERENCE: ref, kernels.INVARIANT: inv}
-            tokens = ref.tokenize(BASE_TEXT * 12, add_special=True, parse_special=False)[:PREFILL]
+            tokens = ref.tokenize(BASE_TEXT * 30, add_special=True, parse_special=False)[: LONG + 1]
+            assert len(tokens) > LONG, len(tokens)
             rounds: dict[str, list[dict[str, float]]] = {k: [] for k in SETS}
             for r in range(args.rounds):
                 for which in SETS if r % 2 == 0 else reversed(SETS):
@@ -98,11 +101,13 @@ def main() -> None:
         med = {w: {k: statistics.median(x[k] for x in rounds[w]) for k in rounds[w][0]} for w in SETS}
         ref_m, inv_m = med[kernels.REFERENCE], med[kernels.INVARIANT]
         print(f"{name:32s} one token {ref_m['one_token_s'] * 1e3:6.2f} -> {inv_m['one_token_s'] * 1e3:6.2f} ms  "
+              f"after {LONG} {ref_m['one_token_long_s'] * 1e3:6.2f} -> {inv_m['one_token_long_s'] * 1e3:6.2f} ms  "
               f"batch of {BATCH} {ref_m['batch_s'] * 1e3:6.1f} -> {inv_m['batch_s'] * 1e3:6.1f} ms  "
               f"prefill {ref_m['prefill_tokens_per_s']:6.1f} -> {inv_m['prefill_tokens_per_s']:6.1f} tok/s  "
               f"batch==single {exact}", flush=True)  # fmt: skip
     record.save(args, "kernels", threads=args.threads, models=files,
-                data={"settings": {"rounds": args.rounds, "context": CONTEXT, "batch": BATCH, "prefill": PREFILL},
+                data={"settings": {"rounds": args.rounds, "context": CONTEXT, "long_context": LONG, "batch": BATCH,
+                                   "prefill": PREFILL},
                       "rows": rows})  # fmt: skip
 
 

@@ -299,9 +299,12 @@ def kernels(name: str, base: str = "results/") -> str:
 
         exact = "yes" if all(r["batch_equals_single"].values()) else "**no**"
         rows.append([r["model"], *cells("one_token_s", lambda x: f"{x * 1000:.2f} ms", lambda a, b: a / b),
+                     *cells("one_token_long_s", lambda x: f"{x * 1000:.2f} ms", lambda a, b: a / b),
                      *cells("batch_s", lambda x: f"{x * 1000:.1f} ms", lambda a, b: a / b),
                      *cells("prefill_tokens_per_s", f1, lambda a, b: b / a), exact])  # fmt: skip
-    header = ["model", "one token: reference", "invariant", "speed", f"batch of {st['batch']}: reference", "invariant",
+    header = ["model", f"one token after {st['context']}: reference", "invariant", "speed",
+              f"one token after {st['long_context']}: reference", "invariant", "speed",
+              f"batch of {st['batch']}: reference", "invariant",
               "speed", f"prefill {st['prefill']} (tokens/s): reference", "invariant", "speed", "batch = single"]  # fmt: skip
     return render(data, name, table(header, rows), base, st["rounds"])
 

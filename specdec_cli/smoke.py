@@ -16,7 +16,7 @@ import numpy as np
 from specdec_cli.models import packaged
 from specdec_cli.engine import kernels, native
 from specdec_cli.engine.model import Model
-if "BATCH_INVARIANT" not in (native.system_info() or ""):
+if "BATCH_INVARIANT_FA" not in (native.system_info() or ""):
     sys.exit("smoke: the llama.cpp library running is not the patched build scripts/setup.sh makes")
 want = kernels.INVARIANT if os.environ["GGML_CPU_BATCH_INVARIANT"] == "1" else kernels.REFERENCE
 for name in ("smollm2-135m-instruct", "gemma3-270m"):

@@ -114,6 +114,32 @@ def test_prompt_sized_batches_and_long_context_are_exact(which: str, smol: Model
     m.reset()
 
 
+def test_invariant_flash_attention_computes_what_the_reference_kernels_do_up_to_rounding(smol_path: Path) -> None:
+    """The invariant kernels run flash attention (patch 0003): on Q4_1, which is not repacked, their logits
+    differ from the reference kernels' (no flash attention) by rounding only, over one chunk of cells and
+    over three. Batch = single alone would not catch an attention computed wrongly the same way every time."""
+    def load(which: str) -> Model:
+        real = kernels.choose
+        kernels.choose = lambda *a, **k: (which, None)  # type: ignore[assignment]
+        try:
+            return Model(smol_path, n_ctx=640, n_threads=2)
+        finally:
+            kernels.choose = real  # type: ignore[assignment]
+
+    with load(kernels.REFERENCE) as ref, load(kernels.INVARIANT) as inv:
+        toks = ref.tokenize("The lighthouse keeper wrote in his log about the sea. " * 70, add_special=True,
+                            parse_special=True)[:600]  # fmt: skip
+        assert len(toks) == 600
+        for start, n in ((0, 40), (590, 10)):  # the last: 590 cells, three chunks of 256
+            ref.prefill(toks[:start])
+            inv.prefill(toks[:start])
+            a = ref.decode(toks[start : start + n], n_logits=n).copy()
+            b = inv.decode(toks[start : start + n], n_logits=n).copy()
+            assert not np.array_equal(a, b), "the invariant kernels did not run flash attention"
+            assert float(np.abs(a - b).mean()) < 0.5, start  # measured 0.16-0.18: rounding, on logits of scale 30
+            assert float((a.argmax(1) == b.argmax(1)).mean()) >= 0.9, start
+
+
 # Every quantization a target may come in. Q4_0 and Q4_K_M are the ones llama.cpp repacks on x86 (Q2_K too,
 # with AVX-512): patch 0002 (patches/llama.cpp/) computes their rows one by one, so exact mode keeps them.
 REQUANTIZED = ["Q2_K", "Q8_0", "F32", "Q4_0", "Q4_K_M"]

@@ -49,10 +49,11 @@ class ExternalRun:
 
 def target_kernels(invariant: bool) -> tuple[list[str], dict[str, str]]:
     """A llama.cpp tool's flags and environment for the kernels specdec's target computes with (engine/kernels.py):
-    no flash attention, no tiled matmul, and repacked weights only where the batch-invariant kernels compute
-    them row by row (`invariant`), else none. The serve benchmark's `llama-server exact` runs these too."""
+    no tiled matmul; repacked weights and flash attention where the batch-invariant kernels compute them
+    (`invariant`: row by row, in fixed chunks), else neither. The serve benchmark's `llama-server exact` runs
+    these too."""
     env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1" if invariant else "0"}
-    return ["-fa", "off"] + ([] if invariant else ["--no-repack"]), env
+    return (["-fa", "on"] if invariant else ["-fa", "off", "--no-repack"]), env
 
 
 def llama_cpp_command(

@@ -6,13 +6,13 @@ logits do not depend on what else the batch holds. Three kernel sets (`Model.ker
 - `FAST`: llama.cpp's own choice (repacked weights, flash attention): a draft's, which only proposes.
 - `INVARIANT`: exact mode on a build with specdec's patches (patches/llama.cpp/, applied by scripts/setup.sh)
   and GGML_CPU_BATCH_INVARIANT=1 (engine/native.py sets it): repacked weights, computed row by row (llama.cpp
-  computes them in groups of 4 rows from 4 rows on, another summation order). Checked at load by `probe`.
+  computes them in groups of 4 rows from 4 rows on, another summation order), and flash attention, every
+  query row over its cells in fixed chunks (llama.cpp's switches to a tiled kernel for 64+ queries and to a
+  split-KV reduction for one query over 512+ cells: other summation orders). Checked at load by `probe`.
 - `REFERENCE`: exact mode where the build is not patched, the model is on a GPU or on RPC servers, or the
   probe failed: repacked weights and flash attention off (what every build computes row by row on the CPU).
 
-Flash attention stays off in exact mode either way (on the CPU it switches to a tiled kernel for 64+ queries
-and to a split-KV reduction for one query over 512+ cells: other summation orders), and
-the tiled K-quant matmul is off for the whole process (engine/native.py). docs/design.md#the-kernels.
+The tiled K-quant matmul is off for the whole process (engine/native.py). docs/design.md#the-kernels.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ REFERENCE = "reference"
 # What `specdec` prints and the results files carry for each set.
 DESCRIPTIONS = {
     FAST: "llama.cpp's fast kernels (repacked weights, flash attention)",
-    INVARIANT: "batch-invariant kernels (repacked weights row by row; flash attention off)",
+    INVARIANT: "batch-invariant kernels (repacked weights row by row, flash attention in fixed chunks)",
     REFERENCE: "reference kernels (repacked weights and flash attention off)",
 }
 
@@ -45,9 +45,11 @@ PROBE_TOKENS = 12  # past the 4 rows where llama.cpp's repacked GEMM takes over,
 
 
 def invariant_build() -> bool:
-    """Whether this llama.cpp build has specdec's batch-invariant kernels and they are on (its system info
-    says BATCH_INVARIANT = 1; a stock build does not say it at all)."""
-    return "BATCH_INVARIANT = 1" in (native.system_info() or "")
+    """Whether this llama.cpp build has specdec's batch-invariant kernels and they are on: its system info
+    says BATCH_INVARIANT = 1 (patches 0001-0002) and BATCH_INVARIANT_FA = 1 (0003); a stock build says
+    neither."""
+    info = native.system_info() or ""
+    return "BATCH_INVARIANT = 1" in info and "BATCH_INVARIANT_FA = 1" in info
 
 
 def choose(exact: bool, local: bool = True, n_gpu_layers: int = 0, vocab_only: bool = False) -> tuple[str, str | None]:
@@ -61,7 +63,10 @@ def choose(exact: bool, local: bool = True, n_gpu_layers: int = 0, vocab_only: b
         return REFERENCE, None  # on a GPU or RPC servers: their own check (engine/rpc.py), today's kernels
     if invariant_build():
         return INVARIANT, None
-    why = ("GGML_CPU_BATCH_INVARIANT is not 1" if "BATCH_INVARIANT = 0" in (native.system_info() or "")
+    info = native.system_info() or ""
+    why = ("GGML_CPU_BATCH_INVARIANT is not 1" if "BATCH_INVARIANT = 0" in info
+           else "this llama.cpp build predates specdec's batch-invariant flash attention (scripts/setup.sh "
+           "builds the current one)" if "BATCH_INVARIANT = 1" in info
            else "this llama.cpp build has no batch-invariant kernels (scripts/setup.sh builds one)")  # fmt: skip
     return REFERENCE, f"{why}: exact mode runs the slower reference kernels"
 

@@ -140,8 +140,8 @@ class Model:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
-        # Flash attention is off for an exact model (batch-dependent paths: engine/kernels.py); a draft: AUTO.
-        cparams.flash_attn_type = 0 if self.exact else -1  # LLAMA_FLASH_ATTN_TYPE_DISABLED / _AUTO
+        # Flash attention (engine/kernels.py): off for the reference kernels (_DISABLED), else llama.cpp's choice
+        cparams.flash_attn_type = 0 if self.kernels == kernels.REFERENCE else -1  # (_AUTO: on, on a CPU)
         # Sliding-window layers normally evict cells older than the window; a rollback would then leave holes,
         # and the output would drift from the target alone. The full-size SWA cache keeps rollback exact.
         if C.llama_model_n_swa(model) > 0:

@@ -32,8 +32,8 @@ def usable_cores() -> int:
 # the process; the repacked-weight GEMMs (taken from 4 rows) compute every row on
 # its own where the build has specdec's patches (patches/llama.cpp/), which
 # GGML_CPU_BATCH_INVARIANT=1 turns on, and are off for an exact model elsewhere;
-# flash attention is off for an exact model (engine/kernels.py, engine/model.py:
-# a draft keeps llama.cpp's own kernels). tests/test_engine.py checks bit-identity
+# so is flash attention, which the patches compute in fixed chunks of cells
+# (engine/kernels.py, engine/model.py). tests/test_engine.py checks bit-identity
 # on the packaged models and their requantizations. ggml reads both variables once
 # per process, at its first use.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
