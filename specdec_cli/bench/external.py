@@ -1,9 +1,9 @@
 """llama.cpp's own C++ loop on the same pair, prompts and K: `llama-speculative-simple` and `llama-lookup`.
 
 Built from the same sdist with the same flags by scripts/build-llama-cpp-tools.sh,
-and run with the kernels specdec's target uses (no flash attention, no tiled matmul;
-repacked weights row by row with the invariant kernels, else none), after specdec's runs. Their speed is their own "decoded N tokens in S
-seconds" line.
+and run with the kernels specdec's target uses (no tiled matmul; with the invariant kernels, repacked weights
+row by row and flash attention in fixed chunks, else neither), after specdec's runs. Their speed is their own
+"decoded N tokens in S seconds" line.
 """
 
 from __future__ import annotations
