@@ -4,13 +4,14 @@
 # Never GGML_NATIVE: on AMX CPUs llama-cpp-python 0.3.36's native build crashes
 # in ggml_backend_amx_mul_mat, and a native build is not portable anyway. We
 # name the instruction sets this CPU has instead, and leave AMX out.
-# GGML_LLAMAFILE=OFF: llamafile's sgemm computes a batch of tokens with another
-# summation order than single-token decoding; speculative verification decodes
-# batches, so it would change greedy output. Without it, batched and single
-# logits are bit-identical (tests/test_engine.py checks this).
+# GGML_LLAMAFILE=ON (llama.cpp's default): llamafile's sgemm computes batches of
+# tokens (prompts, verification) much faster for F32, F16 and Q8_0-family weights.
+# Stock llama.cpp sends one token to another kernel, which sums in another order;
+# specdec's patch 0004 keeps one token on the same per-row sums in exact mode, so
+# batched and single logits stay bit-identical (tests/test_engine.py checks this).
 # GGML_RPC=ON: the RPC backend (client and server) in the same libraries, so
 # `specdec rpc-server` and `--rpc` speak exactly the bindings' protocol version.
-ARGS="-DGGML_RPC=ON -DGGML_NATIVE=OFF -DGGML_LLAMAFILE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+ARGS="-DGGML_RPC=ON -DGGML_NATIVE=OFF -DGGML_LLAMAFILE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
 if [ "$(uname -m)" = "x86_64" ] && [ -r /proc/cpuinfo ]; then
   FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
   has() { [[ "$FLAGS" == *" $1 "* ]]; }

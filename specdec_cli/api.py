@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_cli.drafting import make_drafter
-from specdec_cli.engine import native, prompting
+from specdec_cli.engine import kernels, native, prompting
 from specdec_cli.engine.batch import BatchEngine, BatchJob
 from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.drafters.cross import CrossVocab
@@ -213,6 +213,8 @@ class Speculator:
             raise UsageError("the model drafter needs a draft model: load one (draft=... or a pair), or use 'ngram'")
         if kind == MODEL and self.draft_broken:
             return NONE
+        if self.target.kernels == kernels.INEXACT:
+            return NONE  # no drafts to verify: its warning said so at load (engine/kernels.py)
         return kind
 
     def draft_tokens(self, ids: Sequence[int]) -> list[int]:
@@ -367,6 +369,8 @@ def load(
     loader = loading.Loader(choice, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, parallel, open_model,
                             placement, draft_placement)  # fmt: skip
     t, d, cross = loading.load_pair(loader)
+    if t.kernels == kernels.INEXACT:
+        parallel = 1  # sequences batched together would change each other's logits; its warning says so
     pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
                       pool=pool, loader=loader)  # fmt: skip

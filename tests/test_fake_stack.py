@@ -93,6 +93,26 @@ def test_concurrent_requests_match_their_solo_runs(spec: api.Speculator) -> None
             assert at_once(par, d) == {p: solo[p, d] for p in PROMPTS}, d
 
 
+def test_an_inexact_target_decodes_alone_one_request_at_a_time(spec: api.Speculator) -> None:
+    """A target that no kernel set computes exactly in a batch (engine/kernels.py's `inexact`: a stock build's
+    llamafile sgemm) gets neither drafts nor batch-mates: every drafter gives the target alone, and
+    `parallel` falls back to one sequence; the load's warning says why."""
+    def open_inexact(path: Any, **params: Any) -> FakeGGUF:
+        m = open_fake(path, **params)
+        if params.get("exact", True):
+            m.kernels = "inexact"
+            m.warnings.append(f"{m.name}: ... the target decodes alone, one request at a time")
+        return m
+
+    with api.load(open_model=open_inexact, n_ctx=1024, parallel=4) as alone:
+        assert alone.parallel == 1 and alone.models["kernels"]["target"] == "inexact"
+        assert any("decodes alone" in w for w in alone.warnings)
+        for d in DRAFTERS:
+            g = alone.generate(PROMPTS[2], max_tokens=40, drafter=d)
+            assert list(g.token_ids) == reference(spec, PROMPTS[2], 40), d
+            assert g.stats.drafted == 0 and g.settings["drafter"] is None, d
+
+
 def at_once(par: api.Speculator, drafter: str) -> dict[str, list[int]]:
     """Every prompt from its own thread at the same time: the generations share each step's batch."""
     out: dict[str, list[int]] = {}

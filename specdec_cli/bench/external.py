@@ -50,9 +50,10 @@ class ExternalRun:
 def target_kernels(invariant: bool) -> tuple[list[str], dict[str, str]]:
     """A llama.cpp tool's flags and environment for the kernels specdec's target computes with (engine/kernels.py):
     no tiled matmul; repacked weights and flash attention where the batch-invariant kernels compute them
-    (`invariant`: row by row, in fixed chunks), else neither. The serve benchmark's `llama-server exact` runs
-    these too."""
-    env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1" if invariant else "0"}
+    (`invariant`: row by row, in fixed chunks), else neither; llamafile's sgemm on the same sums for one token
+    as for a batch either way (the tools are built with specdec's patches, which the variable turns on). The
+    serve benchmark's `llama-server exact` runs these too."""
+    env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1"}
     return (["-fa", "on"] if invariant else ["-fa", "off", "--no-repack"]), env
 
 

@@ -9,8 +9,14 @@ logits do not depend on what else the batch holds. Three kernel sets (`Model.ker
   computes them in groups of 4 rows from 4 rows on, another summation order), and flash attention, every
   query row over its cells in fixed chunks (llama.cpp's switches to a tiled kernel for 64+ queries and to a
   split-KV reduction for one query over 512+ cells: other summation orders). Checked at load by `probe`.
+  Process-wide with the variable: llamafile's sgemm computes one token with its batches' sums (float weights;
+  llama.cpp sends one token to vec_dot), and one token's matrix products split rows per thread.
 - `REFERENCE`: exact mode where the build is not patched, the model is on a GPU or on RPC servers, or the
-  probe failed: repacked weights and flash attention off (what every build computes row by row on the CPU).
+  probe failed: repacked weights and flash attention off. On the CPU these are probed too: a stock build's
+  llamafile sgemm computes one token of F32, F16 or Q8_0-family weights in another order than a batch.
+- `INEXACT`: exact mode on the CPU where even the reference kernels failed the probe: no kernel set of this
+  build computes a batch as single tokens, so the target must decode alone (no drafts, one sequence at a time:
+  api.py).
 
 The tiled K-quant matmul is off for the whole process (engine/native.py). docs/design.md#the-kernels.
 """
@@ -32,24 +38,35 @@ Model = Any  # engine/model.py's Model, which imports this module (a loaded mode
 FAST = "fast"
 INVARIANT = "invariant"
 REFERENCE = "reference"
+INEXACT = "inexact"
 
 # What `specdec` prints and the results files carry for each set.
 DESCRIPTIONS = {
     FAST: "llama.cpp's fast kernels (repacked weights, flash attention)",
     INVARIANT: "batch-invariant kernels (repacked weights row by row, flash attention in fixed chunks)",
     REFERENCE: "reference kernels (repacked weights and flash attention off)",
+    INEXACT: "reference kernels, which this build computes differently in a batch: the target decodes alone",
 }
 
-PROBE_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the woods."
-PROBE_TOKENS = 12  # past the 4 rows where llama.cpp's repacked GEMM takes over, and over an odd remainder
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the woods. " * 4
+# Batch sizes the probe compares with single tokens: 12, past the 4 rows where llama.cpp's repacked GEMM takes
+# over and over an odd remainder; 64, a prompt's (flash attention's tiled kernel takes 64 queries and more; a
+# stock build's Q4_K_M reference kernels passed at 12 tokens and failed from 16).
+PROBE_SIZES = (12, 64)
+
+
+def patched_build() -> bool:
+    """Whether this llama.cpp build has all of specdec's kernel patches (on or off): its system info names
+    BATCH_INVARIANT_FA (patch 0003) and, in a build with llamafile's sgemm, BATCH_INVARIANT_SGEMM (0004);
+    a stock build names neither."""
+    info = native.system_info() or ""
+    return "BATCH_INVARIANT_FA" in info and ("LLAMAFILE = 1" not in info or "BATCH_INVARIANT_SGEMM" in info)
 
 
 def invariant_build() -> bool:
-    """Whether this llama.cpp build has specdec's batch-invariant kernels and they are on: its system info
-    says BATCH_INVARIANT = 1 (patches 0001-0002) and BATCH_INVARIANT_FA = 1 (0003); a stock build says
-    neither."""
-    info = native.system_info() or ""
-    return "BATCH_INVARIANT = 1" in info and "BATCH_INVARIANT_FA = 1" in info
+    """Whether this build has specdec's batch-invariant kernels and they are on (GGML_CPU_BATCH_INVARIANT=1:
+    its system info says BATCH_INVARIANT = 1)."""
+    return patched_build() and "BATCH_INVARIANT = 1" in (native.system_info() or "")
 
 
 def choose(exact: bool, local: bool = True, n_gpu_layers: int = 0, vocab_only: bool = False) -> tuple[str, str | None]:
@@ -65,8 +82,8 @@ def choose(exact: bool, local: bool = True, n_gpu_layers: int = 0, vocab_only: b
         return INVARIANT, None
     info = native.system_info() or ""
     why = ("GGML_CPU_BATCH_INVARIANT is not 1" if "BATCH_INVARIANT = 0" in info
-           else "this llama.cpp build predates specdec's batch-invariant flash attention (scripts/setup.sh "
-           "builds the current one)" if "BATCH_INVARIANT = 1" in info
+           else "this llama.cpp build predates specdec's current kernel patches (scripts/setup.sh builds them)"
+           if "BATCH_INVARIANT = 1" in info
            else "this llama.cpp build has no batch-invariant kernels (scripts/setup.sh builds one)")  # fmt: skip
     return REFERENCE, f"{why}: exact mode runs the slower reference kernels"
 
@@ -77,16 +94,24 @@ def probe_failed(path: Path) -> str:
             "at a time: exact mode runs the slower reference kernels")  # fmt: skip
 
 
+def inexact(path: Path) -> str:
+    """The line a target carries when no kernel set of this build computes a batch as single tokens."""
+    return (f"{path.name}: this llama.cpp build computes a batch of tokens differently from one token at a time, "
+            "even with the reference kernels (llamafile's sgemm without specdec's patch?): drafts and parallel "
+            "requests would change the output, so the target decodes alone, one request at a time "
+            "(scripts/setup.sh builds kernels that keep a batch exact)")  # fmt: skip
+
+
 def _verdicts() -> Path:
     from specdec_cli.models.packaged import cache_dir
 
     return cache_dir() / "kernels.json"
 
 
-def _key(path: Path, threads: int) -> str:
+def _key(path: Path, threads: int, kernel_set: str) -> str:
     st = path.stat()
     build = hashlib.sha256((native.system_info() or "").encode()).hexdigest()[:16]
-    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}|{build}|threads={threads}"
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}|{build}|threads={threads}|{kernel_set}"
 
 
 def _read() -> dict[str, bool]:
@@ -110,27 +135,30 @@ def _write(key: str, verdict: bool) -> None:
         tmp.unlink(missing_ok=True)  # a read-only cache: probe again next time
 
 
-def batch_equals_single(model: Model, n: int = PROBE_TOKENS) -> bool | None:
-    """Decode `n` tokens in one batch, then one at a time from an empty cache: bit-identical logits? None when
-    the logits are not finite (damaged weights, which the generation reports): no verdict on the kernels.
-    Costs n + 1 decodes; leaves the cache empty."""
-    ids = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)[: min(n, model.n_batch, model.n_ctx)]
-    model.reset()
-    batch = np.array(model.decode(ids, n_logits=len(ids)), copy=True)
+def batch_equals_single(model: Model, sizes: tuple[int, ...] = PROBE_SIZES) -> bool | None:
+    """Decode the first n tokens of the probe text in one batch for each n of `sizes`, and the longest one a
+    token at a time, from an empty cache: bit-identical logits? None when the logits are not finite (damaged
+    weights, which the generation reports): no verdict on the kernels. Costs max(sizes) + len(sizes)
+    decodes; leaves the cache empty."""
+    ids = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)[: min(max(sizes), model.n_batch, model.n_ctx)]
+    batches = []
+    for n in sorted({min(n, len(ids)) for n in sizes}):
+        model.reset()
+        batches.append(np.array(model.decode(ids[:n], n_logits=n), copy=True))
     model.reset()
     single = np.stack([np.array(model.decode([t])[0], copy=True) for t in ids])
     model.reset()
     native.release_compute_threads()  # generations step on threads of their own (generation.py)
-    if not (np.isfinite(batch).all() and np.isfinite(single).all()):
+    if not (all(np.isfinite(b).all() for b in batches) and np.isfinite(single).all()):
         return None
-    return bool(np.array_equal(batch, single))
+    return all(np.array_equal(b, single[: len(b)]) for b in batches)
 
 
 def probe(model: Model) -> bool:
-    """Whether `model`, loaded with the invariant kernels, computes a batch as it computes single tokens.
-    The verdict is kept per file, build and thread count (cache dir, kernels.json): the probe runs once.
-    SPECDEC_KERNEL_PROBE=always runs it at every load (the tests do)."""
-    key = _key(model.path, model.n_threads)
+    """Whether `model`, loaded with its kernel set, computes a batch as it computes single tokens.
+    The verdict is kept per file, build, thread count and kernel set (cache dir, kernels.json): the probe
+    runs once. SPECDEC_KERNEL_PROBE=always runs it at every load."""
+    key = _key(model.path, model.n_threads, model.kernels)
     always = os.environ.get("SPECDEC_KERNEL_PROBE") == "always"
     if not always:
         known = _read().get(key)
@@ -147,6 +175,8 @@ def expected(path: Path, threads: int) -> str:
     """The kernels an exact model of `path` on this machine's CPU computes with, in another process of this
     build (a server a benchmark started): the probe's kept verdict, where it ran, decides."""
     kernels, _ = choose(True)
-    if kernels == INVARIANT and _read().get(_key(path, threads)) is False:
-        return REFERENCE
+    if kernels == INVARIANT and _read().get(_key(path, threads, INVARIANT)) is False:
+        kernels = REFERENCE
+    if kernels == REFERENCE and _read().get(_key(path, threads, REFERENCE)) is False:
+        kernels = INEXACT
     return kernels

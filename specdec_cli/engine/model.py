@@ -92,6 +92,8 @@ class Model:
             self.kernels, why, self.warnings = kernels.REFERENCE, kernels.probe_failed(self.path), []
             mparams.use_extra_bufts = False
             self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
+        if self.kernels == kernels.REFERENCE and why and not kernels.probe(self):  # why: on this CPU, not a GPU
+            self.kernels, why = kernels.INEXACT, kernels.inexact(self.path)
         self.warnings += [why] if why else []
 
     placement: Placement | None = None  # local; engine/rpc_model.py's PlacedModel puts layers on RPC servers

@@ -77,7 +77,7 @@ class LoadedModel(LanguageModel, Protocol):
     warnings: list[str]
     placement: Placement | None  # the RPC servers it is on (None: local; engine/rpc.py)
     where: dict[str, float]  # MiB of weights per RPC server ("local": here), when placed
-    kernels: str  # the CPU kernel set it computes with (engine/kernels.py: fast, invariant, reference)
+    kernels: str  # the CPU kernel set it computes with (engine/kernels.py: fast, invariant, reference, inexact)
 
     def abandon(self) -> None:
         """Its RPC server stopped answering: drop the handles unfreed (engine/rpc.py)."""

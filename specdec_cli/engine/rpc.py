@@ -250,7 +250,7 @@ def check_exact(model: Any, placement: Placement, n: int = 12) -> None:
     """Refuse servers whose batch logits differ from single-token logits (a build with llamafile's sgemm
     or repacked weights): speculative output would then drift from the target alone. Costs n + 1 decodes
     at load."""
-    if kernels.batch_equals_single(model, n) is not True:  # None (non-finite logits) refused as before
+    if kernels.batch_equals_single(model, (n,)) is not True:  # None (non-finite logits) refused as before
         several = len(placement.endpoints) > 1
         raise RpcError(f"the RPC server{'s' if several else ''} {', '.join(placement.endpoints)} "
                        f"{'compute' if several else 'computes'} a batch of tokens differently from one token at a time (a llama.cpp build with "
