@@ -10,6 +10,7 @@ steps it can pay back in (engine/batch/occupancy.py). docs/design.md, "Several r
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,11 +107,22 @@ class Planner:
         d, t = d_live or d_cal, t_live or t_cal
         return d / t if d and t else None
 
-    def _model_could_pay(self) -> bool:
+    def _model_could_pay(self, n_gen: int, plain: float | None) -> bool:
+        """Whether model drafts could pay with `n_gen` slots generating even if every drafted token were
+        accepted: each slot drafting K tokens (K draft rounds of at least n_gen tokens, one pass over the
+        n_gen * (K + 1) tokens at least) against `plain`, the plain step's value as `plan` prices it. A batch
+        of many slots costs nearly a token per slot already, so there plans with model drafts are not even
+        priced (they were most of a step's Python at 8 slots, for plans that never won). Without `plain`
+        (a prompt chunk in the step, which drafts beside it share), one sequence's bound."""
         unit = self._draft_unit()
         if unit is None:
             return True  # not measured yet: the first drafts measure it
-        return perfect_speedup(self.state.costs, self.model_k_max or 8, unit)[1] > 1.0
+        costs, k_max = self.state.costs, self.model_k_max or 8
+        if n_gen <= 1 or plain is None:
+            return perfect_speedup(costs, k_max, unit)[1] > 1.0
+        k_max = max(1, min(k_max, self.budget // n_gen - 1))
+        rounds = self._round(n_gen, unit)
+        return any(n_gen * (k + 1) / (costs.relative(n_gen * (k + 1)) + k * rounds) > plain for k in range(1, k_max + 1))
 
     @staticmethod
     def _cap_kind(job: BatchJob) -> int:
@@ -164,7 +176,9 @@ class Planner:
             n = min(len(s.job.prompt) - s.prefilled, left)
             pre_counts[s.seq], left = max(n, 0), left - max(n, 0)
         unit = self._draft_unit()
-        model_ok = self._draft_usable() and unit is not None and self._model_could_pay()
+        # the plain step's value, as the loop below prices it; drafting must beat it by MIN_GAIN
+        plain = None if pre else MIN_GAIN * self._value({s.seq: Choice("plain", 0, 1.0) for s in gen}, pre_counts, unit)
+        model_ok = self._draft_usable() and unit is not None and self._model_could_pay(len(gen), plain)
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
@@ -182,8 +196,24 @@ class Planner:
             top = min(top, max(longest, self.model_k_max))
         if top == 0:
             return {}  # nothing to draft from: a plain step
+        # Plans of lookups only (no prompt chunk beside them): each is priced only when its bound can beat
+        # the best so far. At 8 slots on the F32 pair the planner priced about 30 plans a step (a
+        # millisecond or more of Python), nearly all of them beaten before they were priced.
+        bound = None
+        if not model_ok and not fixed and plain is not None:
+            n_gen, gains, costs = len(gen), self._lookup_gains(gen, caps), st.costs
+
+            def bound(j: int) -> float:
+                return (n_gen + gains[min(j, len(gains) - 1)]) / costs.relative(n_gen + j)
+
+            if all(bound(j) <= plain for j in range(1, len(gains))):
+                return {}  # no plan of lookups can beat a plain step
         seen: set[tuple[tuple[str, int], ...]] = set()
         for m in range(1, top + 2):
+            if bound is not None and m > 1:
+                drafted = sum(min(m - 1, caps[s.seq], len(s.lookup.tokens)) for s in gen)
+                if bound(drafted) <= best[False][0]:
+                    continue
             for use_model in ((False, True) if model_ok else (False,)):
                 plan: dict[int, Choice] = {}
                 for s in gen:
@@ -203,6 +233,16 @@ class Planner:
         if with_model and v_model > v_free and self._value(with_model, pre_counts, unit) > v_free:
             return with_model
         return free
+
+    def _lookup_gains(self, gen: list[Slot], caps: dict[int, int]) -> list[float]:
+        """gains[J]: the most that J drafted lookup tokens in all can add to a step's expected tokens. A slot
+        verifying j of its lookup's tokens emits E(j) = 1 + P(the first token right) + ... + P(the first j
+        right) on average, terms that shrink with j: so the best J tokens add the J largest terms over all
+        slots. With one pass over the len(gen) + J tokens as the least they cost, this bounds every plan
+        of lookups (`plan`)."""
+        terms = sorted((p for s in gen if s.lookup.tokens
+                        for p in s.shadow.acceptance.p_run(min(len(s.lookup.tokens), caps[s.seq]))), reverse=True)  # fmt: skip
+        return list(itertools.accumulate(terms, initial=0.0))
 
     def _slot_choice(self, s: Slot, n: int, use_model: bool) -> Choice:
         assert s.job is not None
