@@ -285,27 +285,35 @@ def screen(name: str, base: str = "results/") -> str:
 
 # ------------------------------------------------------------------ benchmarks.kernels
 def kernels(name: str, base: str = "results/") -> str:
-    """Reference against invariant kernels per model: times, and the speed ratio round by round."""
+    """The invariant kernels per model: their time, and the speed against the reference kernels and against
+    llama.cpp's own, round by round (above one: the invariant kernels are faster)."""
     data = load(name)
     st = data["settings"]
     rows = []
     for r in data["rows"]:
-        ref, inv = r["rounds"]["reference"], r["rounds"]["invariant"]
+        sets = r["rounds"]
+        inv = sets["invariant"]
 
         def cells(key: str, fmt: Callable[[float], str], faster: Callable[[float, float], float],
-                  ref: list[dict[str, float]] = ref, inv: list[dict[str, float]] = inv) -> list[str]:  # fmt: skip
-            return [spread([x[key] for x in ref], fmt), spread([x[key] for x in inv], fmt),
-                    spread([faster(a[key], b[key]) for a, b in zip(ref, inv, strict=True)], ratio)]  # fmt: skip
+                  inv: list[dict[str, float]] = inv, sets: dict[str, Any] = sets) -> list[str]:  # fmt: skip
+            out = [spread([x[key] for x in inv], fmt)]
+            for other in ("reference", "llama.cpp"):
+                if other in sets:
+                    out.append(spread([faster(a[key], b[key]) for a, b in zip(sets[other], inv, strict=True)], ratio))
+                else:
+                    out.append("")
+            return out
 
         exact = "yes" if all(r["batch_equals_single"].values()) else "**no**"
         rows.append([r["model"], *cells("one_token_s", lambda x: f"{x * 1000:.2f} ms", lambda a, b: a / b),
                      *cells("one_token_long_s", lambda x: f"{x * 1000:.2f} ms", lambda a, b: a / b),
                      *cells("batch_s", lambda x: f"{x * 1000:.1f} ms", lambda a, b: a / b),
                      *cells("prefill_tokens_per_s", f1, lambda a, b: b / a), exact])  # fmt: skip
-    header = ["model", f"one token after {st['context']}: reference", "invariant", "speed",
-              f"one token after {st['long_context']}: reference", "invariant", "speed",
-              f"batch of {st['batch']}: reference", "invariant",
-              "speed", f"prefill {st['prefill']} (tokens/s): reference", "invariant", "speed", "batch = single"]  # fmt: skip
+    header = ["model"]
+    for what in (f"one token after {st['context']}", f"one token after {st['long_context']}",
+                 f"batch of {st['batch']}", f"prefill {st['prefill']} (tokens/s)"):
+        header += [f"{what}: invariant", "vs reference", "vs llama.cpp's"]
+    header.append("batch = single")
     return render(data, name, table(header, rows), base, st["rounds"])
 
 

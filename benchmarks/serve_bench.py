@@ -77,7 +77,8 @@ CTX = 4096  # per slot
 LLAMA = ("llama-server", "llama-server -md")  # the servers specdec auto is compared with
 # The CPU kernels each server computes with, for the results file (`kernels_of`): specdec's target runs exact
 # mode's (engine/kernels.py), "llama-server exact" the same ones, llama-server stock llama.cpp's.
-STOCK = "llama.cpp's defaults: flash attention auto, repacked weights (a GEMM from 4 rows), tiled matmul"
+STOCK = ("llama.cpp's defaults: flash attention auto, repacked weights (a GEMM from 4 rows), tiled matmul, "
+         "llamafile's sgemm from 2 rows")
 
 
 def kernels_of(label: str, target: Path) -> str:
@@ -233,7 +234,8 @@ def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exa
     if draft is not None:
         cmd += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
     cmd += list(extra)
-    env = {**os.environ, "GGML_CPU_BATCH_INVARIANT": "0"}  # stock llama.cpp (this process may have set it)
+    # stock llama.cpp: the variables specdec's import set in this process are not llama-server's
+    env = {k: v for k, v in os.environ.items() if k not in ("GGML_CPU_BATCH_INVARIANT", "GGML_CPU_TILED_MM")}
     if exact:  # the kernels specdec's target runs
         flags, more = target_kernels(kernels.expected(target, 2) == kernels.INVARIANT)
         cmd += flags
