@@ -10,14 +10,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specdec_cli import api
 from specdec_cli.engine.batch.occupancy import Occupancy
-from specdec_cli.engine.batch.plan import filled, ubatch_sizes
+from specdec_cli.engine.batch.plan import Planner, filled, ubatch_sizes
+from specdec_cli.engine.batch.slots import BatchJob, SeqView, Slot
+from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.model import Model
+from specdec_cli.engine.settings import AUTO, GenerateOptions
+from specdec_cli.engine.speculative import SpeculativeGenerator
 from tests.conftest import THREADS
 from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, reference
+from tests.fakes import FakeGGUF
 
 PROMPTS = [
     "Explain what a hash table is, in a paragraph.",
@@ -236,3 +243,40 @@ def test_sampled_tokens_follow_the_target_distribution_with_two_slots_busy(smol:
     for r in results:
         assert r.pvalue > P_THRESHOLD, r
     assert np.isfinite([r.pvalue for r in results]).all()
+
+
+# ---------------------------------------------------------------- the planner's bounds
+class _Exhaustive(Planner):
+    """The planner with its lookup bound switched off: every plan of lookups priced."""
+
+    def _lookup_gains(self, gen: list[Slot], caps: dict[int, int]) -> list[float]:
+        return [0.0] + [math.inf] * 1024
+
+
+@settings(max_examples=60, deadline=None)
+@given(n_slots=st.integers(1, 8), seed=st.integers(0, 2**32 - 1), marginal=st.floats(0.02, 1.0))
+def test_the_planners_bound_prunes_only_plans_that_lose(n_slots: int, seed: int, marginal: float) -> None:
+    """Plans of lookups are priced only when a bound says they could beat the best so far
+    (`Planner._lookup_gains`); the plan chosen is the one pricing every plan chooses, whatever the
+    contexts, the acceptance learned and the batch costs."""
+    rng = np.random.default_rng(seed)
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=n_slots)
+    costs = BatchCosts({b: 1.0 + marginal * (b - 1) ** rng.uniform(0.7, 1.0) for b in range(2, 65)}, 0.01)
+    costs.observe(1, 0.01)
+    planners = [cls(target, None, AutoState(costs=costs), BatchCosts(), n_slots=n_slots, model_k_max=None,
+                    budget=256) for cls in (Planner, _Exhaustive)]  # fmt: skip
+    gen = []
+    for seq in range(n_slots):
+        context = [int(t) for t in rng.integers(0, 6, size=int(rng.integers(8, 60)))]  # repeats: lookups
+        job = BatchJob(context, GenerateOptions(max_tokens=64).resolved(16), AUTO, k_max=16)
+        slot = Slot(seq, job=job, gen=SpeculativeGenerator(SeqView(target, seq), None, context, job.config),
+                    context=context)  # fmt: skip
+        slot.ngram.begin(context)
+        for table in slot.shadow.tables.values():  # acceptance learned on earlier proposals
+            for _ in range(int(rng.integers(0, 12))):
+                k = int(rng.integers(1, 9))
+                table.observe(k, int(rng.binomial(k, rng.uniform(0, 1))))
+        slot.shadow.last_ok = bool(rng.integers(0, 2))
+        gen.append(slot)
+    drafts = [{seq: c for seq, c in p.plan(gen, []).items() if c.n} for p in planners]  # no choice: plain
+    assert drafts[0] == drafts[1]

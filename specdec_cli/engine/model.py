@@ -18,14 +18,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine import kernels
-from specdec_cli.engine.gguf import (
-    ModelInfo,
-    SpecialTexts,
-    VocabInfo,
-    check_context_fits,
-    check_gguf_file,
-    model_info,
-)
+from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo, check_context_fits, check_gguf_file, model_info
 from specdec_cli.engine.native import (
     bindings,
     clear_log,
@@ -83,7 +76,8 @@ class Model:
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
         self.exact = exact  # False: a draft, which only proposes, keeps llama.cpp's faster kernels
-        # The kernels (engine/kernels.py); invariant ones are probed once loaded, else reloaded as reference.
+        # The kernels (engine/kernels.py): invariant ones are probed once loaded, else reloaded as reference,
+        # which are probed too on this CPU (`why`: not on a GPU or RPC servers), else the target decodes alone.
         self.kernels, why = kernels.choose(exact, self.placement is None, n_gpu_layers, vocab_only)
         mparams.use_extra_bufts = self.kernels != kernels.REFERENCE
         self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
@@ -92,7 +86,7 @@ class Model:
             self.kernels, why, self.warnings = kernels.REFERENCE, kernels.probe_failed(self.path), []
             mparams.use_extra_bufts = False
             self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
-        if self.kernels == kernels.REFERENCE and why and not kernels.probe(self):  # why: on this CPU, not a GPU
+        if self.kernels == kernels.REFERENCE and why and not kernels.probe(self):
             self.kernels, why = kernels.INEXACT, kernels.inexact(self.path)
         self.warnings += [why] if why else []
 
