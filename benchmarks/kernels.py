@@ -18,8 +18,6 @@ The reference and invariant sets must compute a batch exactly as single tokens (
 from __future__ import annotations
 
 import argparse
-import ctypes
-import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -64,15 +62,6 @@ def loaded(path: str, which: str, threads: int) -> Iterator[Model]:
         m.close()
 
 
-def patches_switch() -> ctypes.c_bool:
-    """Patch 0001's switch in the ggml CPU library llama.cpp loaded (by its soname: the wheel holds copies of
-    the file under other names, which would load apart): read by every patched kernel at each call, so
-    turning it off makes them compute as stock llama.cpp does until it is turned on again."""
-    native.system_info()  # the bindings, and so ggml's libraries, loaded
-    lib = ctypes.CDLL("libggml-cpu.so.0", mode=os.RTLD_NOLOAD)
-    return ctypes.c_bool.in_dll(lib, "ggml_cpu_batch_invariant")
-
-
 def timed(m: Model, tokens: list[int], keep: int, n: int, repeats: int) -> float:
     """Median seconds to decode tokens[keep:keep + n] after the first `keep` (logits at every row)."""
     m.prefill(tokens[:keep])
@@ -105,7 +94,7 @@ def main() -> None:
     record.add_option(ap)
     args = ap.parse_args()
     rows, files = [], models()
-    switch = patches_switch()
+    switch = native.batch_invariant_switch()
     for name, path in files.items():
         with loaded(path, kernels.REFERENCE, args.threads) as ref, loaded(path, kernels.INVARIANT, args.threads) as inv:
             models_of = {kernels.REFERENCE: ref, kernels.INVARIANT: inv, LLAMA_CPP: inv}

@@ -20,6 +20,7 @@ from specdec_cli.bench import stamp
 def add_option(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--results", type=Path, default=None, metavar="PATH",
                     help="write the results file (JSON, stamped) here; default: benchmarks/results/KIND-DATE.json")
+    stamp.started()  # every benchmark adds the option as it starts: the stamp names the code it started with
 
 
 def pair_files(pair: str | None) -> tuple[Path, Path]:

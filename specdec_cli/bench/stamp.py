@@ -12,6 +12,7 @@ renders the docs' tables from the kept ones (docs/results/).
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -30,8 +31,11 @@ SIMD_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "bmi2", "vnni")
 _HASHES = "sha256.json"  # cache of file digests by (path, size, mtime): a 40 GB target is hashed once
 
 
+@functools.cache
 def git_state(root: Path | None = None) -> dict[str, Any]:
-    """The commit the code ran at and whether tracked files differed from it (None outside a checkout)."""
+    """The commit the code ran at and whether tracked files differed from it (None outside a checkout): read
+    once per process, at the first call, which a run makes as it starts (`started`); a commit made while a
+    benchmark ran is not the code it measured."""
     root = root or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -121,6 +125,11 @@ def command_line() -> list[str]:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     head = ["python", "-m", spec.name] if spec is not None and spec.name != "__main__" else [Path(sys.argv[0]).name]
     return [*head, *sys.argv[1:]]
+
+
+def started() -> None:
+    """A run that will write a results file begins: what the checkout holds now is what it runs."""
+    git_state()
 
 
 def stamp(*, threads: int | None, model_files: Mapping[str, str | os.PathLike[str] | None],

@@ -99,6 +99,10 @@ def bench(
         for option, path in (("--plot", plot), ("--results", results)):
             if path is not None and not path.parent.is_dir():
                 raise UsageError(f"cannot write {option} {path}: no folder {path.parent}")
+        if results is not None:
+            from specdec_cli.bench import stamp
+
+            stamp.started()
         needs_draft = any(c.drafter == MODEL for c in cfgs)
         if needs_draft and models.target and not models.draft:
             raise UsageError("model configurations need a draft model: give --draft or --pair")
@@ -155,8 +159,6 @@ def bench(
         "results": [s.as_dict() for s in summaries],
     }
     if results is not None:
-        from specdec_cli.bench import stamp
-
         with out.errors():
             try:
                 stamp.write(results, "bench", stamp.stamp(threads=threads_used, model_files=files, argv=_command_line(ctx)),

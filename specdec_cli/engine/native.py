@@ -39,6 +39,16 @@ def usable_cores() -> int:
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 os.environ.setdefault("GGML_CPU_BATCH_INVARIANT", "1")
 
+def batch_invariant_switch() -> ctypes.c_bool:
+    """Patch 0001's switch in the ggml CPU library llama.cpp loaded, which every patched kernel reads at each
+    call (benchmarks.kernels turns it off for rounds of llama.cpp's own kernels). Opened by its soname: the
+    wheel holds copies of the file under other names, which would load apart. ggml's CPU backend sets it when
+    it starts, at the first model load."""
+    system_info()  # the bindings, and so ggml's libraries, loaded
+    lib = ctypes.CDLL("libggml-cpu.so.0", mode=os.RTLD_NOLOAD)
+    return ctypes.c_bool.in_dll(lib, "ggml_cpu_batch_invariant")
+
+
 # ggml's CPU backend computes with OpenMP (libgomp), and libgomp keeps the team of every thread that has
 # computed until that thread exits. Once a second thread computes while the first one's team exists, more
 # OpenMP threads than cores are managed, libgomp stops spinning at barriers and every barrier waits in the
