@@ -33,14 +33,15 @@ _HASHES = "sha256.json"  # cache of file digests by (path, size, mtime): a 40 GB
 
 @functools.cache
 def git_state(root: Path | None = None) -> dict[str, Any]:
-    """The commit the code ran at and whether tracked files differed from it (None outside a checkout): read
-    once per process, at the first call, which a run makes as it starts (`started`); a commit made while a
-    benchmark ran is not the code it measured."""
+    """The commit the code ran at and whether tracked files (results files aside) differed from it (None outside
+    a checkout): read once per process, at the first call, which a run makes as it starts (`started`); a
+    commit made while a benchmark ran is not the code it measured."""
     root = root or Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()  # fmt: skip
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                 ".", ":(exclude)docs/results"],  # a results file another run just wrote is not code
                                 capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
