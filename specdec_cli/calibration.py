@@ -80,7 +80,7 @@ def _key(
 ) -> str:
     batch = f"b={max_batch}" + (f",d={draft_batch}" if draft_batch > 1 else "") + ("" if same_vocab else ",cross")
     parts = [f"v{VERSION}", _cpu(), f"threads={threads or usable_cores()}", batch, _file_key(target.path),
-             f"kernels={target.kernels}"]  # fmt: skip
+             f"kernels={target.kernels}", f"build={native.build_id()}"]  # costs of this build's kernels
     if target.placement is not None:  # on RPC servers: their costs, not this machine's
         parts.append(target.placement.describe())
     if draft is not None:

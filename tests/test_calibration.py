@@ -57,3 +57,24 @@ def test_a_pairs_draft_keeps_llamas_faster_kernels_and_its_target_does_not(monke
     with api.load(n_ctx=256) as spec:  # the default pair
         assert spec.draft is not None
         assert (getattr(spec.target, "exact", None), getattr(spec.draft, "exact", None)) == (True, False)
+
+
+def test_costs_and_probe_verdicts_are_kept_per_llama_cpp_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set-up that builds new kernels installs a new wheel beside the same cache: costs calibrated and
+    verdicts probed on the old one must not be reused (stale costs priced a batch of two F32 tokens at 1.72
+    single decodes where the new kernels take 1.13, and auto drafted where it lost)."""
+    from types import SimpleNamespace
+
+    from specdec_cli import calibration
+    from specdec_cli.engine import kernels, native
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    target = SimpleNamespace(path=model, kernels=kernels.INVARIANT, placement=None)
+    digest = native.build_id.__wrapped__  # uncached
+    keys = []
+    for build in ("aaaa", "bbbb"):
+        monkeypatch.setattr(native, "build_id", lambda build=build: build)
+        keys.append((calibration._key(target, None, 2, 5), kernels._key(model, 2, kernels.INVARIANT)))
+    assert keys[0][0] != keys[1][0] and keys[0][1] != keys[1][1]
+    assert digest() == digest() != ""  # the real digest is stable

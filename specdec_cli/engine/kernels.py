@@ -23,7 +23,6 @@ The tiled K-quant matmul is off for the whole process (engine/native.py). docs/d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -110,8 +109,7 @@ def _verdicts() -> Path:
 
 def _key(path: Path, threads: int, kernel_set: str) -> str:
     st = path.stat()
-    build = hashlib.sha256((native.system_info() or "").encode()).hexdigest()[:16]
-    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}|{build}|threads={threads}|{kernel_set}"
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}|{native.build_id()}|threads={threads}|{kernel_set}"
 
 
 def _read() -> dict[str, bool]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -94,6 +96,38 @@ def system_info() -> str | None:
     except (ImportError, OSError, AttributeError):
         return None
     return text.decode("utf-8", "replace").strip()
+
+
+@functools.cache
+def build_id() -> str:
+    """A digest of the llama.cpp build this process runs: its system info and the bytes of the llama and ggml
+    libraries it loaded. What is measured on one build (calibrated costs, the kernel probe's verdicts) says
+    nothing of another: a set-up that builds new kernel patches installs a new wheel beside the same cache."""
+    digest = hashlib.sha256((system_info() or "").encode())
+    for path in sorted(_loaded_libraries(), key=lambda p: p.name):
+        try:
+            digest.update(path.name.encode() + path.read_bytes())
+        except OSError:
+            digest.update(path.name.encode())
+    return digest.hexdigest()[:16]
+
+
+def _loaded_libraries() -> list[Path]:
+    """The llama and ggml libraries mapped into this process (Linux), else those the bindings ship."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    mapped = {Path(f[5]) for f in (line.split(None, 5) for line in maps.splitlines()) if len(f) == 6}
+    libs = [p for p in mapped if p.name.startswith(("libllama", "libggml"))]
+    if libs:
+        return libs
+    try:
+        import llama_cpp
+
+        return [p for p in (Path(llama_cpp.__file__).parent / "lib").glob("*") if p.is_file()]
+    except (ImportError, OSError):
+        return []
 
 
 def set_verbose(verbose: bool) -> None:
