@@ -184,9 +184,9 @@ print(*m.warnings, sep="\\n")
 def test_exact_mode_falls_back_to_kernels_that_are_exact_with_one_line(how: str, smol_path: Path, tmp_path: Path) -> None:
     """Kernels that are not batch-invariant are never used for a target. With the patches switched off the
     build is stock llama.cpp: its llamafile sgemm computes one token of the attention's products (flash
-    attention off) in another order than a batch, so even the reference kernels fail the probe and the target decodes alone, said in one line. A build whose invariant kernels fail the probe
-    reloads the target with the reference kernels, said in one line. Each verdict is kept: the probe runs
-    once."""
+    attention off) in another order than a batch, so even the reference kernels fail the probe and the
+    target decodes alone, said in one line. A build whose invariant kernels fail the probe reloads the
+    target with the reference kernels, said in one line. Each verdict is kept: the probe runs once."""
     env = {**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path),
            "GGML_CPU_BATCH_INVARIANT": "0" if how == "stock" else "1"}  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", FALLBACK, str(smol_path), how], capture_output=True, text=True,
