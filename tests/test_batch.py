@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from specdec_cli import api
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.plan import Planner, filled, ubatch_sizes
+from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters.auto import AutoState
-from specdec_cli.engine.estimates import BatchCosts
+from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.settings import AUTO, GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
@@ -75,6 +76,87 @@ def test_a_measured_small_batch_does_not_rescale_the_large_ones() -> None:
         solo.observe(1, 0.01)
         solo.observe(2, 0.0112)
     assert solo.relative(8) < 0.8 * 2.1
+
+
+def test_sizes_measured_on_a_slower_machine_are_priced_at_its_speed() -> None:
+    """A parallel server at 8 slots measures batches of 7, 8 and (drafting) 13, never one token alone, on a
+    machine slower than at calibration (calibrated F32 pair's shape, AMD EPYC). Relative to the calibrated
+    one-token time the measured sizes looked dear: 8 to 13 came out flat (drafts free) and two passes of 3
+    and 4 tokens cheaper than one of 8. Priced at the speed they imply, neither."""
+    prior = {2: 1.018, 3: 1.46, 4: 1.76, 5: 2.01, 6: 1.89, 7: 2.78, 8: 2.73, 9: 2.77, 12: 3.07, 16: 3.62, 24: 4.70}
+    costs = BatchCosts(prior, 0.015, interpolate=True)
+    for _ in range(15):
+        costs.observe(8, 0.0482)
+        costs.observe(7, 0.0487)
+    for _ in range(3):
+        costs.observe(13, 0.0469)  # noise: less than 8
+    assert costs.one == pytest.approx(0.0487 / 2.78)  # the median size's implied single decode, not 0.015
+    assert costs.relative(7) == pytest.approx(2.78)
+    assert costs.relative(3) + costs.relative(4) > costs.relative(8)  # one pass with a filler is cheaper
+    for b in range(8, 14):  # the measured 8 and 13 fall below 7: each token more still costs something
+        assert costs.relative(b) > costs.relative(b - 1) + 0.02
+    exact = BatchCosts(prior, 0.015, interpolate=True)
+    for _ in range(3):
+        exact.observe(1, 0.018)  # measured: that is the single decode, whatever the batches imply
+        exact.observe(8, 0.0482)
+    assert exact.one == 0.018
+
+
+def test_drafting_steps_that_fall_short_of_their_prediction_make_the_planner_careful() -> None:
+    """Two slots; plain steps take 20 ms for 2 tokens. Drafting steps chosen for 1.2x that ran at 0.8x of a
+    plain step bring the factor on drafting plans well below 1; plain steps alone then bring it back
+    towards 1 (drafting is tried again); steps that beat their prediction never push it above 1."""
+    r = Realized()
+    assert r.factor(2) == 1.0
+    r.drafting_step(2, 3, 0.03, 1.2)  # no plain steps timed yet: not comparable, ignored
+    assert r.weights == {}
+    for _ in range(5):
+        r.plain_step(2, 0.020)
+    for _ in range(20):
+        r.drafting_step(2, 3, 0.0375, 1.2)  # 80 tok/s against 100: realized 0.8, predicted 1.2
+    low = r.factor(2)
+    assert low == pytest.approx((20 * 0.8 / 1.2 + 1) / 21, rel=0.05)
+    assert 1.2 * low < MIN_GAIN  # the same plan is no longer taken
+    assert r.factor(1) == 1.0 and r.factor(3) == 1.0  # other slot counts keep their own record
+    for _ in range(1000):
+        r.plain_step(2, 0.020)
+    assert low < r.factor(2) and r.factor(2) > 0.95
+    for _ in range(50):
+        r.drafting_step(2, 6, 0.0375, 1.2)  # 160 tok/s: better than promised
+    assert r.factor(2) == 1.0
+
+
+def test_the_planner_scales_drafting_plans_by_their_record() -> None:
+    """The same batch, lookups and costs: a drafting plan is chosen with a clean record, not with one
+    where drafting steps ran at a third of their prediction; `predicted` says what the chosen plan promised."""
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
+    costs = BatchCosts({b: 1.0 + 0.1 * (b - 1) for b in range(2, 65)}, 0.01)
+    for _ in range(3):
+        costs.observe(1, 0.01)
+    chosen = []
+    for record in (1.0, 1 / 3):
+        planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=2, model_k_max=None,
+                          budget=256)  # fmt: skip
+        for _ in range(5):
+            planner.realized.plain_step(2, 0.02)
+        for _ in range(30):
+            planner.realized.drafting_step(2, 3, 0.03 / record, 1.0)  # 3 tokens: 100 tok/s x record
+        gen = []
+        for seq in range(2):
+            context = [1, 2, 3, 4, 5] * 8  # a repeating text: the lookup proposes its continuation
+            job = BatchJob(context, GenerateOptions(max_tokens=64).resolved(16), AUTO, k_max=16)
+            slot = Slot(seq, job=job, gen=SpeculativeGenerator(SeqView(target, seq), None, context, job.config),
+                        context=context)  # fmt: skip
+            slot.ngram.begin(context)
+            for table in slot.shadow.tables.values():  # the lookup's tokens were mostly right so far
+                for _ in range(10):
+                    table.observe(4, 3)
+            gen.append(slot)
+        plan = {seq: c for seq, c in planner.plan(gen, []).items() if c.n}
+        chosen.append((plan, planner.predicted))
+    (plan, predicted), (careful, none) = chosen
+    assert plan and predicted is not None and MIN_GAIN < predicted < 3 * MIN_GAIN
+    assert careful == {} and none is None
 
 
 def test_occupancy_measures_how_soon_the_batch_grows() -> None:

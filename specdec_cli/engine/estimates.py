@@ -136,11 +136,20 @@ class BatchCosts:
     the calibration (`prior`, relative costs) scaled by how the measured sizes
     compare with it (a calibration taken on a busier or quieter machine only
     gives the shape; not when `interpolate`, see `_build`), else the mean marginal cost of the sizes known, else
-    `PRIOR_MARGINAL`. Costs never fall as the batch grows.
+    `PRIOR_MARGINAL`. Costs never fall as the batch grows, and where measurements say they do (noise), a
+    token more still costs `MIN_RISE` of the mean marginal cost: a flat stretch would price drafts as free.
+
+    Every size is relative to one single-token decode *now*: measured, else the one the measured sizes imply
+    through the calibration's shape (`one`). A parallel server rarely decodes one token alone; relative to the
+    calibrated one-token time, batches measured on a machine slower than at calibration looked dear beside
+    the calibrated small ones: at 8 slots (F32 pair) batches of 8 to 13 were all priced at 3.25 (measured 8,
+    interpolated 9-12, a noisy 13 floored), so 5 drafted tokens looked free, and two passes of 3 and 4 tokens
+    (1.46 + 1.82, calibrated) as cheap as one of 8 with a filler.
     """
 
     WINDOW = 15
     MIN_SAMPLES = 3
+    MIN_RISE = 0.5
 
     def __init__(
         self, prior: Mapping[int, float] | None = None, prior_one: float | None = None, interpolate: bool = False
@@ -153,6 +162,7 @@ class BatchCosts:
         self.samples: dict[int, RecentMedian] = {}
         self._medians: dict[int, float] = {}
         self._relative: dict[int, float] = {}  # cleared by every observation
+        self._one: float | None = None  # `one` where no single-token decode is measured; cleared likewise
         self._span = 9  # sizes the table covers when rebuilt
 
     def observe(self, batch: int, seconds: float) -> None:
@@ -161,6 +171,7 @@ class BatchCosts:
         if len(xs) >= self.MIN_SAMPLES:
             self._medians[batch] = median
         self._relative.clear()
+        self._one = None
 
     def measured(self, b: int) -> float | None:
         """Seconds for a batch of b as this run measured it (None until MIN_SAMPLES timings)."""
@@ -168,9 +179,26 @@ class BatchCosts:
 
     @property
     def one(self) -> float | None:
-        """Seconds for a single-token decode: measured, else calibrated."""
+        """Seconds for a single-token decode now: measured; else what the measured sizes imply through the
+        calibration's shape (the median of measured(b) / prior(b)); else calibrated."""
         measured = self.measured(1)
-        return measured if measured is not None else self.prior_one
+        if measured is not None:
+            return measured
+        if self._one is None:
+            ratios = [m / p for b, m in self._medians.items() if b >= 2 and (p := self._prior_at(b)) is not None]
+            self._one = statistics.median(ratios) if ratios else self.prior_one
+        return self._one
+
+    def _prior_at(self, b: int) -> float | None:
+        """The calibration's relative cost of b tokens, linear between the calibrated sizes (None past them)."""
+        if b in self.prior:
+            return self.prior[b]
+        below = max((s for s in self.prior if s < b), default=1)
+        above = min((s for s in self.prior if s > b), default=None)
+        if above is None:
+            return None
+        c0 = self.prior.get(below, 1.0)
+        return c0 + (self.prior[above] - c0) * (b - below) / (above - below)
 
     def relative(self, b: int) -> float:
         if b <= 1:
@@ -183,15 +211,16 @@ class BatchCosts:
 
     def _build(self, n: int) -> None:
         """c_v(2..n) in one pass: measured where the run has measured; elsewhere the calibration's
-        shape scaled by how the run's measurements compare with it, else the mean marginal cost."""
+        shape scaled by how the run's measurements compare with it, else the mean marginal cost. Every size
+        known takes part, up to n or not: a size's price does not depend on the largest one asked so far."""
         one = self.one
-        measured = {s: m / one for s in range(2, n + 1) if one and (m := self.measured(s)) is not None}
+        measured = {s: m / one for s, m in sorted(self._medians.items()) if s >= 2 and one}
         ratios = [(c - 1.0) / (self.prior[s] - 1.0) for s, c in measured.items() if self.prior.get(s, 1.0) > 1.0]
         # A parallel server measures mostly the sizes of its plain steps (a token per busy slot): scaling
         # the whole calibration by them priced a batch of 9 at 1.54 single decodes where batches of 8 ran
         # at about 2.1. There the measured sizes replace the calibration's, the rest is interpolated.
         scale = statistics.median(ratios) if ratios and not self.interpolate else 1.0
-        known = {s: 1.0 + (c - 1.0) * scale for s, c in self.prior.items() if 2 <= s <= n}
+        known = {s: 1.0 + (c - 1.0) * scale for s, c in self.prior.items() if s >= 2}
         known.update(measured)
         slopes = [(c - 1.0) / (s - 1) for s, c in known.items()]
         marginal = max(sum(slopes) / len(slopes), 0.0) if slopes else PRIOR_MARGINAL
@@ -206,9 +235,11 @@ class BatchCosts:
                 slope = max((c_top - c_prev) / (top - s_prev), 0.0)
                 for s in range(top + 1, n + 1):
                     known[s] = c_top + slope * (s - top)
-        floor = 1.0  # monotone: a bigger batch costs at least what a smaller one does
+        floor = 1.0  # monotone: a bigger batch costs at least what a smaller one does, and where the
+        rise = self.MIN_RISE * (marginal or PRIOR_MARGINAL)  # figures fall, a token more at least `rise`
         for s in range(2, n + 1):
-            floor = max(floor, known.get(s, 1.0 + marginal * (s - 1)))
+            c = known.get(s, 1.0 + marginal * (s - 1))
+            floor = c if c > floor else floor + rise
             self._relative[s] = floor
 
 

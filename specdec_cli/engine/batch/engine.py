@@ -203,6 +203,7 @@ class BatchEngine:
             return
         self.planner.occupancy.observe(len(gen) + len(pre))
         t_step = time.perf_counter()
+        n_gen, no_prompt = len(gen), not pre  # what the step is measured under (engine/batch/realized.py)
         choices = self.planner.plan(gen, pre)
         t_draft = self._draft_rounds(gen, choices)
         t_sample = time.perf_counter() - t_step - t_draft
@@ -259,6 +260,7 @@ class BatchEngine:
                 s.proposal = Proposal()
                 gen.append(s)
         # ---- verify each generating slot as a solo run would
+        emitted = 0
         for s in gen:
             assert s.job is not None and s.gen is not None
             try:
@@ -268,6 +270,7 @@ class BatchEngine:
                 self._finish(s, error=exc)
                 continue
             s.index += 1
+            emitted += len(step.emitted)
             if s.proposal.source == MODEL and s.proposal.tokens:
                 self.state.model.observe(len(s.proposal.tokens), n_acc)
             s.shadow.score(s.context)
@@ -278,6 +281,12 @@ class BatchEngine:
             elif self.target.n_ctx - (len(s.context) - 1) <= 0:
                 s.job.result.stop_reason = "context"
                 self._finish(s)
+        if no_prompt and n_gen:
+            seconds = time.perf_counter() - t_step
+            if self.planner.predicted is not None:
+                self.planner.realized.drafting_step(n_gen, emitted, seconds, self.planner.predicted)
+            elif not any(c.n for c in choices.values()):
+                self.planner.realized.plain_step(n_gen, seconds)
 
     def _filler_token(self, seq: int) -> int:
         held = self.target.seq_tokens[seq]

@@ -5,7 +5,9 @@ draft model) is valued as expected tokens over cost, in single-token target deco
 batch as llama.cpp will split it (`ubatch_sizes`), or filled to one micro-batch where that is
 cheaper, less what the step's prompt chunks cost anyway, plus the draft rounds. A plan with model
 drafts must win in the steady state and again with its caches' one-time catch-up spread over the
-steps it can pay back in (engine/batch/occupancy.py). docs/design.md, "Several requests in one batch", tells the whole story.
+steps it can pay back in (engine/batch/occupancy.py). Drafting plans are then scaled by how such steps
+really turned out against their prediction (engine/batch/realized.py). docs/design.md, "Several requests
+in one batch", tells the whole story.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec_cli.engine.batch.occupancy import Occupancy
+from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, Slot
 from specdec_cli.engine.drafters import DraftRequest, Proposal
 from specdec_cli.engine.drafters.auto import AutoState
@@ -88,6 +91,8 @@ class Planner:
         self.budget = budget  # target tokens per step (prompt chunks included)
         self.draft_broken: str | None = None  # why the draft model was dropped (the engine sets it)
         self.occupancy = Occupancy()
+        self.realized = Realized()
+        self.predicted: float | None = None  # this step: the speedup over a plain step its drafts were chosen for
         self._behind_now: dict[int, int] = {}  # this step: tokens each slot's draft cache must catch up
         self._left: dict[int, int] = {}  # this step: tokens each slot may still generate
         self._alone = False  # this step: one slot generates and no prompt waits
@@ -163,6 +168,7 @@ class Planner:
                 req = DraftRequest(s.context, caps[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
                 s.lookup = s.ngram.propose(req)  # free: every step, verified or not, for shadow scoring
                 s.shadow.propose(len(s.context), s.lookup.tokens, s.lookup.pool_match)
+        self.predicted = None
         if not gen or not any(caps.values()):
             return {}
         st = self.state
@@ -178,6 +184,7 @@ class Planner:
         unit = self._draft_unit()
         # the plain step's value, as the loop below prices it; drafting must beat it by MIN_GAIN
         plain = None if pre else MIN_GAIN * self._value({s.seq: Choice("plain", 0, 1.0) for s in gen}, pre_counts, unit)
+        corr = 1.0 if pre else self.realized.factor(len(gen))  # drafting steps' record (engine/batch/realized.py)
         model_ok = self._draft_usable() and unit is not None and self._model_could_pay(len(gen), plain)
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
@@ -206,13 +213,13 @@ class Planner:
             def bound(j: int) -> float:
                 return (n_gen + gains[min(j, len(gains) - 1)]) / costs.relative(n_gen + j)
 
-            if all(bound(j) <= plain for j in range(1, len(gains))):
+            if all(bound(j) * corr <= plain for j in range(1, len(gains))):
                 return {}  # no plan of lookups can beat a plain step
         seen: set[tuple[tuple[str, int], ...]] = set()
         for m in range(1, top + 2):
             if bound is not None and m > 1:
                 drafted = sum(min(m - 1, caps[s.seq], len(s.lookup.tokens)) for s in gen)
-                if bound(drafted) <= best[False][0]:
+                if bound(drafted) * corr <= best[False][0]:
                     continue
             for use_model in ((False, True) if model_ok else (False,)):
                 plan: dict[int, Choice] = {}
@@ -226,13 +233,19 @@ class Planner:
                 value = self._value(plan, pre_counts, unit, steady=True)
                 if m == 1:
                     value *= MIN_GAIN  # drafting must beat plain batching by a margin
+                else:
+                    value *= corr
                 key = any(c.source == MODEL for c in plan.values())
                 if value > best[key][0]:
                     best[key] = (value, plan)
         (v_free, free), (v_model, with_model) = best[False], best[True]
-        if with_model and v_model > v_free and self._value(with_model, pre_counts, unit) > v_free:
-            return with_model
-        return free
+        if with_model and v_model > v_free and (v := self._value(with_model, pre_counts, unit)) * corr > v_free:
+            chosen, value = with_model, v
+        else:
+            chosen, value = free, v_free / corr
+        if plain is not None and any(c.n for c in chosen.values()):
+            self.predicted = value * MIN_GAIN / plain
+        return chosen
 
     def _lookup_gains(self, gen: list[Slot], caps: dict[int, int]) -> list[float]:
         """gains[J]: the most that J drafted lookup tokens in all can add to a step's expected tokens. A slot
