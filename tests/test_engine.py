@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec_cli.bench import prompts as bench_prompts
-from specdec_cli.engine import kernels, prompting
+from specdec_cli.engine import kernels, native, prompting
 from specdec_cli.engine.drafters import ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.policies import compose
 from specdec_cli.engine.events import DRAFT, TARGET
@@ -141,15 +141,27 @@ def test_invariant_flash_attention_computes_what_the_reference_kernels_do_up_to_
 
 
 # Every quantization a target may come in. Q4_0 and Q4_K_M are the ones llama.cpp repacks on x86 (Q2_K too,
-# with AVX-512): patch 0002 (patches/llama.cpp/) computes their rows one by one, so exact mode keeps them.
-REQUANTIZED = ["Q2_K", "Q8_0", "F32", "Q4_0", "Q4_K_M"]
+# with AVX-512): patch 0002 (patches/llama.cpp/) computes their rows one by one, so exact mode keeps them; Q4_0
+# keeps its GEMM, which sums as its GEMV does, unless the switch is off ("Q4_0-rows": the path a failed probe
+# takes).
+REQUANTIZED = ["Q2_K", "Q8_0", "F32", "Q4_0", "Q4_0-rows", "Q4_K_M"]
 
 
 @pytest.mark.parametrize("qtype", REQUANTIZED)
 def test_requantized_models_run_invariant_kernels_and_batches_equal_single_tokens(qtype: str, smol_path: Path) -> None:
     """The target loads with the batch-invariant kernels (the probe passed), and a prompt-sized batch and
     verification-sized batches give the logits single tokens give."""
-    path = packaged.derived_draft(smol_path, qtype)
+    path = packaged.derived_draft(smol_path, qtype.removesuffix("-rows"))
+    switch = native.q4_0_gemm_switch()
+    assert switch is not None and switch.value  # the set-up's build has patch 0002's switch, on
+    switch.value = not qtype.endswith("-rows")
+    try:
+        _batches_equal_single_tokens(path, qtype)
+    finally:
+        switch.value = True
+
+
+def _batches_equal_single_tokens(path: Path, qtype: str) -> None:
     with Model(path, n_ctx=256, n_threads=2) as m:
         assert m.kernels == kernels.INVARIANT, m.warnings
         assert kernels.batch_equals_single(m)  # what the load's probe ran (cached across runs), run here again
@@ -171,28 +183,37 @@ FALLBACK = """
 import sys
 from specdec_cli.engine import kernels
 from specdec_cli.engine.model import Model
+real = kernels.batch_equals_single
 if sys.argv[2] == "pretend":  # the invariant kernels compute a batch differently (a probe that says so), the
-    real = kernels.batch_equals_single  # reference ones as single tokens
     kernels.batch_equals_single = lambda m, *a: False if m.kernels == kernels.INVARIANT else real(m, *a)
+if sys.argv[2] == "q4_0-gemm":  # ... only with Q4_0's GEMM on (patch 0002's switch)
+    kernels.batch_equals_single = lambda m, *a: False if kernels.q4_0_gemm() else real(m, *a)
 m = Model(sys.argv[1], n_ctx=128, n_threads=2)
 print(m.kernels)
-print(*m.warnings, sep="\\n")
+print(*m.warnings, kernels.q4_0_gemm(), sep="\\n")
 """
 
 
-@pytest.mark.parametrize("how", ["stock", "pretend"])
+@pytest.mark.parametrize("how", ["stock", "pretend", "q4_0-gemm"])
 def test_exact_mode_falls_back_to_kernels_that_are_exact_with_one_line(how: str, smol_path: Path, tmp_path: Path) -> None:
     """Kernels that are not batch-invariant are never used for a target. With the patches switched off the
     build is stock llama.cpp: its llamafile sgemm computes one token of the attention's products (flash
     attention off) in another order than a batch, so even the reference kernels fail the probe and the
-    target decodes alone, said in one line. A build whose invariant kernels fail the probe reloads the
-    target with the reference kernels, said in one line. Each verdict is kept: the probe runs once."""
+    target decodes alone, said in one line. A build whose invariant kernels fail the probe (with Q4_0's GEMM
+    and without) reloads the target with the reference kernels, said in one line; one that fails only with
+    Q4_0's GEMM keeps the invariant kernels, the GEMM off, and says nothing. Each verdict is kept: the probe
+    runs once."""
     env = {**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path),
            "GGML_CPU_BATCH_INVARIANT": "0" if how == "stock" else "1"}  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", FALLBACK, str(smol_path), how], capture_output=True, text=True,
                           timeout=120, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    kernel_set, *warnings = proc.stdout.strip().split("\n")
+    kernel_set, *warnings, gemm = proc.stdout.strip().split("\n")
+    verdicts = (tmp_path / "kernels.json").read_text()
+    if how == "q4_0-gemm":
+        assert (kernel_set, warnings, gemm) == (kernels.INVARIANT, [], "False")
+        assert verdicts.count('": false') == 1 and verdicts.count('": true') == 1, verdicts
+        return
     assert len(warnings) == 1, warnings
     if how == "stock":
         assert kernel_set == kernels.INEXACT
@@ -201,8 +222,8 @@ def test_exact_mode_falls_back_to_kernels_that_are_exact_with_one_line(how: str,
         assert kernel_set == kernels.REFERENCE
         assert "compute a batch of tokens differently" in warnings[0]
         assert "exact mode runs the slower reference kernels" in warnings[0]
-    verdicts = (tmp_path / "kernels.json").read_text()
-    assert verdicts.count('": false') == 1, verdicts  # stock: the reference set's; pretend: the invariant set's
+    # stock: the reference set's; pretend: the invariant set's, with Q4_0's GEMM and without
+    assert verdicts.count('": false') == (1 if how == "stock" else 2), verdicts
 
 
 def test_decode_longer_than_a_batch_returns_the_last_rows(smol: Model) -> None:

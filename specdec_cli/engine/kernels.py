@@ -107,9 +107,28 @@ def _verdicts() -> Path:
     return cache_dir() / "kernels.json"
 
 
-def _key(path: Path, threads: int, kernel_set: str) -> str:
+def _key(path: Path, threads: int, kernel_set: str, gemm: bool | None = None) -> str:
     st = path.stat()
+    if kernel_set == INVARIANT and (q4_0_gemm() if gemm is None else gemm):
+        kernel_set += "+q4_0-gemm"  # patch 0002's switch on: another kernel for Q4_0 weights, another verdict
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}|{native.build_id()}|threads={threads}|{kernel_set}"
+
+
+def q4_0_gemm() -> bool:
+    """Whether Q4_0's repacked weights keep llama.cpp's GEMM in batch-invariant mode (patch 0002's switch)."""
+    switch = native.q4_0_gemm_switch()
+    return bool(switch is not None and switch.value)
+
+
+def q4_0_gemm_off() -> bool:
+    """Turn patch 0002's Q4_0 GEMM off for the process (every Q4_0 model then goes row by row, which is batch-
+    invariant by construction, only slower on prompts): where a model failed the probe with it on. False
+    where it was not on."""
+    switch = native.q4_0_gemm_switch()
+    if switch is None or not switch.value:
+        return False
+    switch.value = False
+    return True
 
 
 def _read() -> dict[str, bool]:
@@ -173,7 +192,10 @@ def expected(path: Path, threads: int) -> str:
     """The kernels an exact model of `path` on this machine's CPU computes with, in another process of this
     build (a server a benchmark started): the probe's kept verdict, where it ran, decides."""
     kernels, _ = choose(True)
-    if kernels == INVARIANT and _read().get(_key(path, threads, INVARIANT)) is False:
+    verdicts = _read()
+    if kernels == INVARIANT and verdicts.get(_key(path, threads, INVARIANT)) is False and not (
+        q4_0_gemm() and verdicts.get(_key(path, threads, INVARIANT, gemm=False)) is not False
+    ):  # with Q4_0's GEMM on, a model that failed goes row by row (engine/model.py): that verdict decides
         kernels = REFERENCE
     if kernels == REFERENCE and _read().get(_key(path, threads, REFERENCE)) is False:
         kernels = INEXACT

@@ -81,7 +81,11 @@ class Model:
         self.kernels, why = kernels.choose(exact, self.placement is None, n_gpu_layers, vocab_only)
         mparams.use_extra_bufts = self.kernels != kernels.REFERENCE
         self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
-        if self.kernels == kernels.INVARIANT and not kernels.probe(self):
+        # A failed probe with Q4_0's GEMM on (patch 0002) is probed again row by row before giving up the
+        # invariant kernels: the switch is process-wide, and off is the safe side for every model.
+        if self.kernels == kernels.INVARIANT and not kernels.probe(self) and not (
+            kernels.q4_0_gemm_off() and kernels.probe(self)
+        ):
             self.close()
             self.kernels, why, self.warnings = kernels.REFERENCE, kernels.probe_failed(self.path), []
             mparams.use_extra_bufts = False

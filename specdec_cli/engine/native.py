@@ -51,6 +51,18 @@ def batch_invariant_switch() -> ctypes.c_bool:
     return ctypes.c_bool.in_dll(lib, "ggml_cpu_batch_invariant")
 
 
+def q4_0_gemm_switch() -> ctypes.c_bool | None:
+    """Patch 0002's switch: in batch-invariant mode Q4_0's repacked weights keep llama.cpp's GEMM (on x86 it
+    sums each element as the GEMV that one token takes; the probe checks it at load) while it is true, else
+    they go row by row like every other repacked type. None on a build without it."""
+    system_info()
+    try:
+        lib = ctypes.CDLL("libggml-cpu.so.0", mode=os.RTLD_NOLOAD)
+        return ctypes.c_bool.in_dll(lib, "ggml_cpu_batch_invariant_gemm_q4_0")
+    except (OSError, ValueError):
+        return None
+
+
 # ggml's CPU backend computes with OpenMP (libgomp), and libgomp keeps the team of every thread that has
 # computed until that thread exits. Once a second thread computes while the first one's team exists, more
 # OpenMP threads than cores are managed, libgomp stops spinning at barriers and every barrier waits in the
