@@ -197,6 +197,6 @@ def expected(path: Path, threads: int) -> str:
         q4_0_gemm() and verdicts.get(_key(path, threads, INVARIANT, gemm=False)) is not False
     ):  # with Q4_0's GEMM on, a model that failed goes row by row (engine/model.py): that verdict decides
         kernels = REFERENCE
-    if kernels == REFERENCE and _read().get(_key(path, threads, REFERENCE)) is False:
+    if kernels == REFERENCE and verdicts.get(_key(path, threads, REFERENCE)) is False:
         kernels = INEXACT
     return kernels

@@ -43,24 +43,26 @@ os.environ.setdefault("GGML_CPU_BATCH_INVARIANT", "1")
 
 def batch_invariant_switch() -> ctypes.c_bool:
     """Patch 0001's switch in the ggml CPU library llama.cpp loaded, which every patched kernel reads at each
-    call (benchmarks.kernels turns it off for rounds of llama.cpp's own kernels). Opened by its soname: the
-    wheel holds copies of the file under other names, which would load apart. ggml's CPU backend sets it when
-    it starts, at the first model load."""
-    system_info()  # the bindings, and so ggml's libraries, loaded
-    lib = ctypes.CDLL("libggml-cpu.so.0", mode=os.RTLD_NOLOAD)
-    return ctypes.c_bool.in_dll(lib, "ggml_cpu_batch_invariant")
+    call (benchmarks.kernels turns it off for rounds of llama.cpp's own kernels). ggml's CPU backend sets it
+    when it starts, at the first model load."""
+    return ctypes.c_bool.in_dll(_ggml_cpu(), "ggml_cpu_batch_invariant")
 
 
 def q4_0_gemm_switch() -> ctypes.c_bool | None:
     """Patch 0002's switch: in batch-invariant mode Q4_0's repacked weights keep llama.cpp's GEMM (on x86 it
     sums each element as the GEMV that one token takes; the probe checks it at load) while it is true, else
     they go row by row like every other repacked type. None on a build without it."""
-    system_info()
     try:
-        lib = ctypes.CDLL("libggml-cpu.so.0", mode=os.RTLD_NOLOAD)
-        return ctypes.c_bool.in_dll(lib, "ggml_cpu_batch_invariant_gemm_q4_0")
+        return ctypes.c_bool.in_dll(_ggml_cpu(), "ggml_cpu_batch_invariant_gemm_q4_0")
     except (OSError, ValueError):
         return None
+
+
+def _ggml_cpu() -> ctypes.CDLL:
+    """The ggml CPU library llama.cpp loaded, opened by its soname (the wheel holds copies of the file under
+    other names, which would load apart)."""
+    system_info()  # the bindings, and so ggml's libraries, loaded
+    return ctypes.CDLL("libggml-cpu.so.0", mode=os.RTLD_NOLOAD)
 
 
 # ggml's CPU backend computes with OpenMP (libgomp), and libgomp keeps the team of every thread that has
