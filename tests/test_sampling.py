@@ -48,6 +48,14 @@ logit_rows = arrays(np.float32, V, elements=st.floats(-8, 8, width=32))
 
 
 # ------------------------------------------------------------------ process
+def test_point_masses_are_shared_and_cannot_be_changed() -> None:
+    """n-gram lookups propose dozens of tokens per slot every step: one read-only `Dist.point` per token."""
+    a = Dist.point(17)
+    assert a is Dist.point(17) and a.prob(17) == 1.0 and a.prob(3) == 0.0
+    with pytest.raises(ValueError):
+        a.probs[0] = 0.5
+
+
 def test_greedy_is_argmax_point_mass() -> None:
     row = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
     d = process(row, SamplerSettings(temperature=0))

@@ -11,6 +11,7 @@ or softmaxed.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,8 +50,13 @@ class Dist:
         return out
 
     @staticmethod
+    @functools.lru_cache(maxsize=8192)
     def point(token: int) -> Dist:
-        return Dist(np.array([token], dtype=np.int64), np.array([1.0]))
+        """All of the mass on `token`: one shared object per token (read-only), as n-gram lookups propose
+        dozens of tokens for each slot at every step."""
+        ids, probs = np.array([token], dtype=np.int64), np.array([1.0])
+        ids.flags.writeable = probs.flags.writeable = False
+        return Dist(ids, probs)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
