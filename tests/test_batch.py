@@ -14,14 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_cli import api
+from specdec_cli.engine.batch import plan as plan_module
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.plan import Planner, filled, ubatch_sizes
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters.auto import AutoState
-from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts
+from specdec_cli.engine.estimates import MIN_GAIN, Acceptance, BatchCosts
 from specdec_cli.engine.model import Model
-from specdec_cli.engine.settings import AUTO, GenerateOptions
+from specdec_cli.engine.settings import AUTO, MODEL, GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from tests.conftest import THREADS
 from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, reference
@@ -157,6 +158,70 @@ def test_the_planner_scales_drafting_plans_by_their_record() -> None:
     (plan, predicted), (careful, none) = chosen
     assert plan and predicted is not None and MIN_GAIN < predicted < 3 * MIN_GAIN
     assert careful == {} and none is None
+
+
+def _slot(target: FakeGGUF, seq: int, context: list[int], *, hits: int = 0, prompt: list[int] | None = None) -> Slot:
+    """A generating slot whose lookup was right on 3 of 4 tokens `hits` times (a prompt being read with `prompt`)."""
+    job = BatchJob(prompt or context, GenerateOptions(max_tokens=64).resolved(16), AUTO, k_max=16)
+    slot = Slot(seq, job=job, gen=SpeculativeGenerator(SeqView(target, seq), None, job.prompt, job.config),
+                context=context)  # fmt: skip
+    slot.ngram.begin(context)
+    for table in slot.shadow.tables.values():
+        for _ in range(hits):
+            table.observe(4, 3)
+    return slot
+
+
+def test_one_slots_drafts_are_not_bought_with_the_others_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four slots, each batch token 0.05 of a single decode more: a lone slot whose lookup is right 3 times
+    in 4 gains more tokens than the other three lose, so the sum of tokens drafts, but every slot then waits
+    for the larger batch and three gain nothing: the planner's geometric mean (`fair_tokens`) keeps the
+    plain step. With the same lookup in every slot, or with the slot alone, the drafts are taken."""
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=4)
+    costs = BatchCosts({b: 1.0 + 0.05 * (b - 1) for b in range(2, 65)}, 0.01)
+    costs.observe(1, 0.01)
+    repeating, plain = [1, 2, 3, 4, 5] * 8, list(range(10, 50))  # a lookup proposes the first's continuation
+
+    def drafts(n_repeating: int, n_slots: int) -> dict[int, int]:
+        planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=n_slots, model_k_max=None,
+                          budget=256)  # fmt: skip
+        gen = [_slot(target, seq, repeating if seq < n_repeating else plain, hits=10) for seq in range(n_slots)]
+        return {seq: c.n for seq, c in planner.plan(gen, []).items() if c.n}
+
+    assert drafts(1, 4) == {}
+    assert set(drafts(4, 4)) == {0, 1, 2, 3}
+    assert set(drafts(1, 1)) == {0}
+    monkeypatch.setattr(plan_module, "fair_tokens", lambda plan: sum(c.expected for c in plan.values()))
+    monkeypatch.setattr(Planner, "_lookup_gains", lambda self, gen, caps: [0.0] + [math.inf] * 64)  # its bound
+    assert set(drafts(1, 4)) == {0}  # the sum would have bought them
+
+
+def test_no_draft_rounds_while_prompts_are_read_into_a_batch_where_they_cannot_pay() -> None:
+    """Seven prompts finish reading beside one generating slot (a batch of eight clients starting): draft
+    rounds would hold them all up, and in the batch of eight the next step makes the draft model cannot pay
+    even if it were always right (each batch token costs 0.3 of a decode, a draft token 0.3). So no model
+    drafts, where the lone slot's own sums (the prompts' tokens paid anyway, a draft right 98% of the time)
+    favoured them; the slot alone drafts with the model."""
+    target, draft = FakeGGUF("target.gguf", n_ctx=512, n_seq=8), FakeGGUF("draft.gguf", n_ctx=512, n_seq=8)
+    costs = BatchCosts({b: 1.0 + 0.3 * (b - 1) for b in range(2, 257)}, 0.02)
+    draft_costs = BatchCosts({b: 1.0 + 0.3 * (b - 1) for b in range(2, 257)}, 0.006)
+    for _ in range(3):
+        costs.observe(1, 0.02)
+        draft_costs.observe(1, 0.006)
+    context = list(range(10, 50))
+
+    def sources(n_reading: int) -> set[str]:
+        state = AutoState(costs=costs, model=Acceptance(prior=0.98, weight=6.0))
+        planner = Planner(target, draft, state, draft_costs, n_slots=8, model_k_max=8, budget=256)
+        draft.seq_tokens[0][:] = context  # the draft's cache holds the context: no catch-up to pay
+        gen = [_slot(target, 0, context)]
+        pre = [_slot(target, seq, [], prompt=list(range(60, 100))) for seq in range(1, 1 + n_reading)]
+        for s in pre:
+            s.prefilled = 24  # 16 prompt tokens left each: they all finish in this step
+        return {c.source for c in planner.plan(gen, pre).values() if c.n}
+
+    assert sources(7) == set()
+    assert sources(0) == {MODEL}
 
 
 def test_occupancy_measures_how_soon_the_batch_grows() -> None:

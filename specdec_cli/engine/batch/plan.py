@@ -69,6 +69,17 @@ def filled(counts: Sequence[int], gen: Sequence[int]) -> list[int]:
     return out
 
 
+def fair_tokens(plan: dict[int, Choice]) -> float:
+    """The plan's expected tokens as the planner counts them: the slots' geometric mean times their number.
+    Over the sum, a plan cannot buy one stream's tokens with the others' time: every slot pays for the larger
+    batch, so a slot that drafts must gain more than the others lose (in proportion to each one's rate), and
+    drafting into what filler tokens would cost anyway stays free. With one slot, or every slot gaining
+    alike, it is the sum."""
+    if not plan:
+        return 0.0
+    return len(plan) * math.exp(math.fsum(math.log(c.expected) for c in plan.values()) / len(plan))
+
+
 @dataclass(frozen=True)
 class Choice:
     source: str  # NGRAM, MODEL or "plain"
@@ -117,8 +128,8 @@ class Planner:
         accepted: each slot drafting K tokens (K draft rounds of at least n_gen tokens, one pass over the
         n_gen * (K + 1) tokens at least) against `plain`, the plain step's value as `plan` prices it. A batch
         of many slots costs nearly a token per slot already, so there plans with model drafts are not even
-        priced (they were most of a step's Python at 8 slots, for plans that never won). Without `plain`
-        (a prompt chunk in the step, which drafts beside it share), one sequence's bound."""
+        priced (they were most of a step's Python at 8 slots, for plans that never won). With one slot,
+        one sequence's bound."""
         unit = self._draft_unit()
         if unit is None:
             return True  # not measured yet: the first drafts measure it
@@ -185,7 +196,11 @@ class Planner:
         # the plain step's value, as the loop below prices it; drafting must beat it by MIN_GAIN
         plain = None if pre else MIN_GAIN * self._value({s.seq: Choice("plain", 0, 1.0) for s in gen}, pre_counts, unit)
         corr = 1.0 if pre else self.realized.factor(len(gen))  # drafting steps' record (engine/batch/realized.py)
-        model_ok = self._draft_usable() and unit is not None and self._model_could_pay(len(gen), plain)
+        # Draft rounds hold up the whole step, prompts being read included, whose slots generate from the next
+        # step on: model drafts must pay in the batch those slots make with the generating ones
+        after = len(gen) + len(pre)
+        plain_after = plain if not pre else MIN_GAIN * after / st.costs.relative(after)
+        model_ok = self._draft_usable() and unit is not None and self._model_could_pay(after, plain_after)
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
@@ -197,21 +212,25 @@ class Planner:
         best: dict[bool, tuple[float, dict[int, Choice]]] = {False: (0.0, {}), True: (0.0, {})}
         # Without model drafts, plans longer than the longest n-gram proposal are the same plan again
         fixed = any(s.job is not None and s.job.kind == MODEL for s in gen)  # drafts whatever the plan
-        longest = max(len(s.lookup.tokens) for s in gen)
-        top = max(caps.values()) if model_ok or fixed else min(max(caps.values()), longest)
+        longest = max(min(len(s.lookup.tokens), caps[s.seq]) for s in gen)
+        top = max(caps.values()) if model_ok or fixed else longest
         if model_ok and not fixed and self.model_k_max:  # ... and longer than the model's longest draft
             top = min(top, max(longest, self.model_k_max))
         if top == 0:
             return {}  # nothing to draft from: a plain step
         # Plans of lookups only (no prompt chunk beside them): each is priced only when its bound can beat
-        # the best so far. At 8 slots on the F32 pair the planner priced about 30 plans a step (a
-        # millisecond or more of Python), nearly all of them beaten before they were priced.
+        # the best so far. At 8 slots on the F32 pair the planner priced 17 plans a step on average (up to
+        # 65; a millisecond of Python) with the sum's bound, nearly all of them beaten before they were priced.
         bound = None
         if not model_ok and not fixed and plain is not None:
             n_gen, gains, costs = len(gen), self._lookup_gains(gen, caps), st.costs
+            n_lookups = sum(1 for s in gen if s.lookup.tokens and caps[s.seq])
 
             def bound(j: int) -> float:
-                return (n_gen + gains[min(j, len(gains) - 1)]) / costs.relative(n_gen + j)
+                # d <= min(n_lookups, j) slots share the gain g: the geometric mean is largest with g shared
+                # evenly among as many of them as can draft (`fair_tokens`)
+                g, d = gains[min(j, len(gains) - 1)], min(n_lookups, j)
+                return n_gen * (1.0 + g / d) ** (d / n_gen) / costs.relative(n_gen + j) if d else 0.0
 
             if all(bound(j) * corr <= plain for j in range(1, len(gains))):
                 return {}  # no plan of lookups can beat a plain step
@@ -243,8 +262,8 @@ class Planner:
             chosen, value = with_model, v
         else:
             chosen, value = free, v_free / corr
-        if plain is not None and any(c.n for c in chosen.values()):
-            self.predicted = value * MIN_GAIN / plain
+        if plain is not None and any(c.n for c in chosen.values()):  # the tokens/s it should bring, for the record
+            self.predicted = value * sum(c.expected for c in chosen.values()) / fair_tokens(chosen) * MIN_GAIN / plain
         return chosen
 
     def _lookup_gains(self, gen: list[Slot], caps: dict[int, int]) -> list[float]:
@@ -311,7 +330,7 @@ class Planner:
                     cost += (self._round(b, unit) - self._round(2, unit)) / steps_left
             for r in range(1, max(drafting.values())):
                 cost += self._round(sum(1 for n in drafting.values() if n > r), unit)
-        return sum(c.expected for c in plan.values()) / cost
+        return fair_tokens(plan) / cost
 
     def _round(self, b: int, unit: float) -> float:
         """A draft round of b tokens in the target's units: as this engine measured rounds of b (seconds
