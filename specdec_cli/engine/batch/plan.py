@@ -1,9 +1,10 @@
 """The batch engine's planner: how many tokens each generating slot drafts this step, and from where.
 
 Each candidate plan (every slot drafting up to m-1 tokens, from its n-gram lookup only or with the
-draft model) is valued as expected tokens over cost, in single-token target decodes: the target
-batch as llama.cpp will split it (`ubatch_sizes`), or filled to one micro-batch where that is
-cheaper, less what the step's prompt chunks cost anyway, plus the draft rounds. A plan with model
+draft model) is valued as expected tokens (the slots' geometric mean, `fair_tokens`) over cost, in
+single-token target decodes: the target batch as llama.cpp will split it (`ubatch_sizes`), or filled
+to one micro-batch where that is cheaper, less what the step's prompt chunks cost anyway, plus the
+draft rounds. A plan with model
 drafts must win in the steady state and again with its caches' one-time catch-up spread over the
 steps it can pay back in (engine/batch/occupancy.py). Drafting plans are then scaled by how such steps
 really turned out against their prediction (engine/batch/realized.py). docs/design.md, "Several requests
