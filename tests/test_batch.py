@@ -103,6 +103,22 @@ def test_sizes_measured_on_a_slower_machine_are_priced_at_its_speed() -> None:
     assert exact.one == 0.018
 
 
+def test_a_settled_median_keeps_the_cost_table() -> None:
+    """A batch server times a batch at every step: timings that move a size's median by 1% or less leave
+    the table as it is (rebuilding it was the planner's largest cost at 4 slots); a larger move prices anew."""
+    costs = BatchCosts({2: 1.5, 4: 2.5}, 0.01)
+    for t in (0.010, 0.010, 0.010, 0.020, 0.020, 0.020):
+        costs.observe(1 if t == 0.010 else 4, t)
+    assert costs.relative(4) == pytest.approx(2.0)
+    table = dict(costs._relative)
+    for t in (0.0201, 0.0199, 0.0201):
+        costs.observe(4, t)
+    assert costs._relative == table and costs.measured(4) == pytest.approx(0.020)
+    for _ in range(7):
+        costs.observe(4, 0.026)  # the median moves by 30%: measured again, priced anew
+    assert costs.measured(4) == pytest.approx(0.026) and costs.relative(4) == pytest.approx(2.6)
+
+
 def test_drafting_steps_that_fall_short_of_their_prediction_make_the_planner_careful() -> None:
     """Two slots; plain steps take 20 ms for 2 tokens. Drafting steps chosen for 1.2x that ran at 0.8x of a
     plain step bring the factor on drafting plans well below 1; plain steps alone then bring it back

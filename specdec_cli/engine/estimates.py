@@ -150,6 +150,7 @@ class BatchCosts:
     WINDOW = 15
     MIN_SAMPLES = 3
     MIN_RISE = 0.5
+    SETTLED = 0.01  # a size's median is updated (and the table rebuilt) when it moves by more than this
 
     def __init__(
         self, prior: Mapping[int, float] | None = None, prior_one: float | None = None, interpolate: bool = False
@@ -164,14 +165,20 @@ class BatchCosts:
         self._relative: dict[int, float] = {}  # cleared by every observation
         self._one: float | None = None  # `one` where no single-token decode is measured; cleared likewise
         self._span = 9  # sizes the table covers when rebuilt
+        self.version = 0  # counts the changes to the prices: what is computed from them may be kept till then
 
     def observe(self, batch: int, seconds: float) -> None:
         xs = self.samples.setdefault(batch, RecentMedian(self.WINDOW))
         median = xs.add(seconds)
-        if len(xs) >= self.MIN_SAMPLES:
-            self._medians[batch] = median
+        if len(xs) < self.MIN_SAMPLES:
+            return
+        old = self._medians.get(batch)
+        if old is not None and abs(median - old) <= self.SETTLED * old:
+            return  # a median that moved less than that keeps the table: a batch server observes every step
+        self._medians[batch] = median
         self._relative.clear()
         self._one = None
+        self.version += 1
 
     def measured(self, b: int) -> float | None:
         """Seconds for a batch of b as this run measured it (None until MIN_SAMPLES timings)."""

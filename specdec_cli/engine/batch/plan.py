@@ -109,6 +109,8 @@ class Planner:
         self._left: dict[int, int] = {}  # this step: tokens each slot may still generate
         self._alone = False  # this step: one slot generates and no prompt waits
         self._horizon = math.inf  # this step: steps expected before the batch grows (catch-up is spread over them)
+        self._memo: dict[tuple[int, ...], float] = {}  # batch costs by layout, at the prices of `_memo_version`
+        self._memo_version: tuple[int, int] | None = None
 
     def _draft_unit(self) -> float | None:
         """c_d: a draft token's cost in single-token target decodes. Both measured live, or both from
@@ -149,7 +151,6 @@ class Planner:
         """Tokens to add (and roll back) per sequence when one micro-batch then costs less than the split."""
         if not gen:
             return {}
-        n_ub = self.target.n_batch
         full = filled(counts, gen)
         extra = {s: full[s] - counts[s] for s in range(len(counts)) if full[s] > counts[s]}
         if not extra or sum(extra.values()) > min(room, FILLER_TOKEN_LIMIT):
@@ -157,10 +158,22 @@ class Planner:
         for s in extra:  # a filler must fit in that sequence's context
             if len(self.target.seq_tokens[s]) + counts[s] + extra[s] > self.target.n_ctx:
                 return {}
-        costs = self.state.costs
-        if batch_cost(full, costs, n_ub) < batch_cost(counts, costs, n_ub):
+        if self._batch_cost(full) < self._batch_cost(counts):
             return extra
         return {}
+
+    def _batch_cost(self, counts: Sequence[int]) -> float:
+        """`batch_cost` with the target's costs, kept per layout till the prices change: a step prices the
+        same few layouts again and again (the plain step's at every one)."""
+        costs = self.state.costs
+        if self._memo_version != (id(costs), costs.version):
+            self._memo.clear()
+            self._memo_version = (id(costs), costs.version)
+        key = tuple(counts)
+        cost = self._memo.get(key)
+        if cost is None:
+            cost = self._memo[key] = batch_cost(counts, costs, self.target.n_batch)
+        return cost
 
     # ------------------------------------------------------------ planning
     def _draft_usable(self) -> bool:
@@ -306,17 +319,15 @@ class Planner:
     def _value(self, plan: dict[int, Choice], pre_counts: list[int], unit: float | None, steady: bool = False) -> float:
         """Expected tokens over cost (single-token target decodes) of the target batch and the draft rounds
         (`steady`: as if every draft cache were caught up but for a token or two)."""
-        st = self.state
         counts = list(pre_counts)
         for seq, c in plan.items():
             counts[seq] = 1 + c.n
-        n_ub = self.target.n_batch
-        cost = batch_cost(counts, st.costs, n_ub)
+        cost = self._batch_cost(counts)
         full = filled(counts, list(plan))
         if sum(full) - sum(counts) <= FILLER_TOKEN_LIMIT:
-            cost = min(cost, batch_cost(full, st.costs, n_ub))
+            cost = min(cost, self._batch_cost(full))
         if any(pre_counts):  # prompt chunks are paid whatever the plan: price what generation adds
-            cost = max(cost - batch_cost(pre_counts, st.costs, n_ub), MIN_MARGINAL)
+            cost = max(cost - self._batch_cost(pre_counts), MIN_MARGINAL)
         drafting = {seq: c.n for seq, c in plan.items() if c.source == MODEL and c.n}
         if drafting and unit is not None:
             # Round 0 catches each draft cache up: a token or two after a model step, up to the window
