@@ -162,7 +162,7 @@ class BatchCosts:
         self.interpolate = interpolate
         self.samples: dict[int, RecentMedian] = {}
         self._medians: dict[int, float] = {}
-        self._relative: dict[int, float] = {}  # cleared by every observation
+        self._relative: dict[int, float] = {}  # cleared when a median moves (`observe`)
         self._one: float | None = None  # `one` where no single-token decode is measured; cleared likewise
         self._span = 9  # sizes the table covers when rebuilt
         self.version = 0  # counts the changes to the prices: what is computed from them may be kept till then
