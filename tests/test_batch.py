@@ -158,17 +158,8 @@ def test_the_planner_scales_drafting_plans_by_their_record() -> None:
             planner.realized.plain_step(2, 0.02)
         for _ in range(30):
             planner.realized.drafting_step(2, 3, 0.03 / record, 1.0)  # 3 tokens: 100 tok/s x record
-        gen = []
-        for seq in range(2):
-            context = [1, 2, 3, 4, 5] * 8  # a repeating text: the lookup proposes its continuation
-            job = BatchJob(context, GenerateOptions(max_tokens=64).resolved(16), AUTO, k_max=16)
-            slot = Slot(seq, job=job, gen=SpeculativeGenerator(SeqView(target, seq), None, context, job.config),
-                        context=context)  # fmt: skip
-            slot.ngram.begin(context)
-            for table in slot.shadow.tables.values():  # the lookup's tokens were mostly right so far
-                for _ in range(10):
-                    table.observe(4, 3)
-            gen.append(slot)
+        # a repeating text (the lookup proposes its continuation), whose lookups were mostly right so far
+        gen = [_slot(target, seq, [1, 2, 3, 4, 5] * 8, hits=10) for seq in range(2)]
         plan = {seq: c for seq, c in planner.plan(gen, []).items() if c.n}
         chosen.append((plan, planner.predicted))
     (plan, predicted), (careful, none) = chosen

@@ -31,6 +31,7 @@ WINDOW = 64  # a draft cache that fell further behind than this re-reads only th
 FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this
 EXPLORE, EXPLORE_RATE = 3, 0.95  # model steps verified before its measured acceptance decides; assumed till then
 MIN_MARGINAL = 0.05  # the least a step's generation is priced at beside prompt chunks (single-token decodes)
+MEMO_LIMIT = 4096  # batch layouts priced and kept at once: prompt chunks make new ones while prices hold
 
 
 def ubatch_sizes(counts: Sequence[int], n_ubatch: int) -> list[int]:
@@ -166,7 +167,7 @@ class Planner:
         """`batch_cost` with the target's costs, kept per layout till the prices change: a step prices the
         same few layouts again and again (the plain step's at every one)."""
         costs = self.state.costs
-        if self._memo_version != (id(costs), costs.version):
+        if self._memo_version != (id(costs), costs.version) or len(self._memo) >= MEMO_LIMIT:
             self._memo.clear()
             self._memo_version = (id(costs), costs.version)
         key = tuple(counts)
