@@ -49,7 +49,7 @@ from tests.server_fixtures import live_server
 # exactly --max-tokens on every server: llama-server's default kernels give other texts than specdec's exact
 # ones, and answers ending at different lengths would give the servers different work (how long a batch runs
 # with fewer sequences). The "tokens" column shows it is the same. Every request of a run (round, client,
-# request) asks about another subject while there are subjects left: a prompt sent again would find its
+# request) sends another prompt while there are prompts left: a prompt sent again would find its
 # prefix in a cache (llama-server keeps prompts in RAM) and its earlier answer in specdec's token pool.
 SUBJECTS = [
     "the history of the printing press", "how a car engine works", "the water cycle", "how hash tables handle collisions",
@@ -72,7 +72,9 @@ SUBJECTS = [
     "the history of the postal service", "how wind turbines work", "the history of glassmaking",
     "how ants organise their colonies", "the history of the railway",
 ]  # fmt: skip
-PROMPTS = [f"Write a detailed essay about {s}, in several long paragraphs." for s in SUBJECTS]
+TEMPLATES = ("Write a detailed essay about {}, in several long paragraphs.",
+             "Explain {} to a curious twelve-year-old, step by step.")  # both checked past 96 tokens on both targets
+PROMPTS = [t.format(s) for t in TEMPLATES for s in SUBJECTS]  # 128: 8 rounds of 8 clients x 2 requests
 CTX = 4096  # per slot
 LLAMA = ("llama-server", "llama-server -md")  # the servers specdec auto is compared with
 # The CPU kernels each server computes with, for the results file (`kernels_of`): specdec's target runs exact
@@ -287,6 +289,9 @@ def main() -> None:
     record.add_option(ap)
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
+    if (need := max(clients) * args.requests * args.rounds) > len(PROMPTS):  # a prompt sent again finds its answer
+        ap.error(f"{args.rounds} rounds of {max(clients)} clients x {args.requests} requests need {need} prompts; "
+                 f"there are {len(PROMPTS)}: fewer rounds or requests")
     target, draft = pair_files(args.pair)
     costs = record.calibrated(target, draft, 2)  # before any server starts: nothing else runs
     pair_flags = ["--pair", args.pair] if args.pair else []
