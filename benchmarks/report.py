@@ -163,6 +163,10 @@ def serve(name: str, base: str = "results/", servers: Sequence[str] | None = Non
     note = (f"Pair `{st['pair']}`; each client sends {st['requests']} streamed greedy chat requests of "
             f"{st['max_tokens']} tokens one after the other; aggregate tokens/s over the wall time, median time to "
             f"first token. Kernels: {kernels}.")  # fmt: skip
+    if costs := data.get("costs"):  # measured before the servers started: the machine's speed drifts after
+        note += f" Calibrated before the servers started: a target token {costs['target_ms']:.1f} ms"
+        note += f", c(9) {costs['batch']['9']:.2f}" if "9" in costs.get("batch", {}) else ""
+        note += f", a draft token {costs['draft']:.2f} of a target token." if costs.get("draft") else "."
     return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
 
 
