@@ -68,7 +68,7 @@ SUBJECTS = [
     "the history of the violin", "how forests recover after a fire", "the invention of the steam engine",
     "how the internet routes a message", "the history of tea", "how coral reefs grow", "the history of the calendar",
     "how a camera captures light", "the life of honeybee colonies in winter", "the history of skiing",
-    "how rivers form deltas", "the invention of the microscope", "how memory works in the human brain",
+    "how rivers form deltas", "how microscopes reveal living cells", "how memory works in the human brain",
     "the history of the postal service", "how wind turbines work", "the history of glassmaking",
     "how ants organise their colonies", "the history of the railway",
 ]  # fmt: skip
