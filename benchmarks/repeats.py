@@ -43,7 +43,7 @@ import httpx
 
 from benchmarks import record
 from benchmarks.record import pair_files
-from benchmarks.serve_bench import kernels, llama_server, one_request
+from benchmarks.serve_bench import kernels_of, llama_server, one_request
 from specdec_cli.engine.settings import MAX_DRAFT, MODEL, NGRAM
 from tests.server_fixtures import live_server
 
@@ -278,7 +278,7 @@ def main() -> None:
         "settings": {"pair": args.pair or "default", "max_tokens": args.max_tokens, "rounds": args.rounds,
                      "pool_args": args.pool_args, "workload": [{"group": g, "kind": kind(i), "prompt": p}
                                                                for i, (g, p) in enumerate(WORKLOAD)]},
-        "servers": {label: kernels(label) for label in runs}, "costs": costs,
+        "servers": {label: kernels_of(label, target) for label in runs}, "costs": costs,
         "rounds": [{"server": label, "round": i, **{k: {"tokens": r[k].tokens, "seconds": round(r[k].seconds, 4)}
                                                      for k in KINDS}}
                    for label, rs in runs.items() for i, r in enumerate(rs)],
