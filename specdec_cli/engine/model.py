@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine import kernels
-from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo, check_context_fits, check_gguf_file, model_info
+from specdec_cli.engine.gguf import ModelInfo, check_context_fits, check_gguf_file, model_info
 from specdec_cli.engine.native import (
     bindings,
     clear_log,
@@ -28,12 +28,11 @@ from specdec_cli.engine.native import (
     usable_cores,
 )
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.engine.specials import ControlTexts
-from specdec_cli.engine.vocab import Vocab
+from specdec_cli.engine.vocab import Vocab, VocabMethods
 from specdec_cli.errors import ContextError, ModelFileError, RpcError, UnsupportedModelError, UsageError
 
 
-class Model:
+class Model(VocabMethods):
     """One GGUF model and (unless `vocab_only`) one llama.cpp context for it.
 
     With `n_seq` = 1 the cache is a single sequence and `tokens` lists what it holds, in order. With
@@ -190,32 +189,6 @@ class Model:
         self._vocab  # noqa: B018 - raises on a closed model
         return model_info(self._C, self._model, self.path)
 
-    # ------------------------------------------------------------ vocabulary (engine/vocab.py)
-    def vocab_info(self) -> VocabInfo:
-        return self.vocab.info()
-
-    def special_texts(self) -> SpecialTexts:
-        return self.vocab.special_texts()
-
-    def control_ids(self) -> frozenset[int]:
-        return self.vocab.control_ids()
-
-    def control_texts(self) -> ControlTexts:
-        return self.vocab.control_texts()
-
-    @property
-    def eog_ids(self) -> frozenset[int]:
-        return self.vocab.eog_ids
-
-    def token_text(self, token: int) -> bytes:
-        return self.vocab.token_text(token)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.vocab.detokenize(tokens)
-
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
-
     # ---------------------------------------------------------------- decode
     def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logits` of them.
@@ -314,6 +287,16 @@ class Model:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = self._C.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(first + n_logits, self.n_vocab))[first:]
+
+    def set_hidden(self, on: bool) -> None:
+        """llama.cpp's embeddings output on or off (engine/heads.py). With it on, every token of a batch is an
+        output (its logits computed too), which a prompt's prefill must not pay: on for the decodes that need it."""
+        self._C.llama_set_embeddings(self._context(), on)
+
+    def hidden(self, n: int) -> np.ndarray:
+        """The last decode's n hidden states, as the output layer reads them (after the output norm): a copy."""
+        n_embd = int(self._C.llama_model_n_embd(self._model))
+        return np.ctypeslib.as_array(self._C.llama_get_embeddings(self._context()), shape=(n, n_embd)).copy()
 
     def _resync(self, seq: int = 0) -> None:
         pos_max = int(self._C.llama_memory_seq_pos_max(self._mem, seq))

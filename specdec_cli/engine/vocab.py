@@ -105,3 +105,34 @@ class Vocab:
             arr = (self._C.llama_token * cap)()
             n = self._C.llama_tokenize(self._handle(), data, len(data), arr, cap, add_special, parse_special)
         return list(arr[:n])
+
+
+class VocabMethods:
+    """A model's vocabulary methods, each its `Vocab`'s (`engine.model.Model` has one as `vocab`)."""
+
+    vocab: Vocab
+
+    def vocab_info(self) -> VocabInfo:
+        return self.vocab.info()
+
+    def special_texts(self) -> SpecialTexts:
+        return self.vocab.special_texts()
+
+    def control_ids(self) -> frozenset[int]:
+        return self.vocab.control_ids()
+
+    def control_texts(self) -> ControlTexts:
+        return self.vocab.control_texts()
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        return self.vocab.eog_ids
+
+    def token_text(self, token: int) -> bytes:
+        return self.vocab.token_text(token)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.vocab.detokenize(tokens)
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
