@@ -212,13 +212,14 @@ class Adam:
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
-    t: int = 0
     m: dict[str, np.ndarray] = field(default_factory=dict)
     v: dict[str, np.ndarray] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)  # each parameter's own count (the heads step in turn)
 
-    def step(self, name: str, param: np.ndarray, grad: np.ndarray, t: int) -> None:
+    def step(self, name: str, param: np.ndarray, grad: np.ndarray) -> None:
         m = self.m.setdefault(name, np.zeros_like(param))
         v = self.v.setdefault(name, np.zeros_like(param))
+        t = self.steps[name] = self.steps.get(name, 0) + 1
         m *= self.b1
         m += (1 - self.b1) * grad
         v *= self.b2
@@ -227,7 +228,7 @@ class Adam:
         param -= (lr * m / (np.sqrt(v) + self.eps)).astype(param.dtype)
 
 
-def train_step(heads: Heads, k: int, h: np.ndarray, label_idx: np.ndarray, opt: Adam, t: int) -> float:
+def train_step(heads: Heads, k: int, h: np.ndarray, label_idx: np.ndarray, opt: Adam) -> float:
     """One Adam step of head k on hidden states h (N, d) with labels as indices into the subset; returns the mean
     cross-entropy before the step."""
     w, b, out = heads.w[k], heads.b[k], heads.out[k]
@@ -246,9 +247,9 @@ def train_step(heads: Heads, k: int, h: np.ndarray, label_idx: np.ndarray, opt: 
     d_out = p.T @ a
     d_a = p @ out
     d_z = d_a * (sig * (1.0 + z * (1.0 - sig)))
-    opt.step(f"w{k}", w, d_z.T @ h, t)
-    opt.step(f"b{k}", b, d_z.sum(axis=0), t)
-    opt.step(f"out{k}", out, d_out, t)
+    opt.step(f"w{k}", w, d_z.T @ h)
+    opt.step(f"b{k}", b, d_z.sum(axis=0))
+    opt.step(f"out{k}", out, d_out)
     return loss
 
 
@@ -283,7 +284,7 @@ def train(heads: Heads, hidden: np.ndarray, labels: np.ndarray, epochs: int, *, 
     for done, (k, pos) in enumerate(_interleave(batches), start=1):
         if should_stop is not None and should_stop():
             break
-        loss = train_step(heads, k, hidden[pos], idx[k][pos], opt, done)
+        loss = train_step(heads, k, hidden[pos], idx[k][pos], opt)
         running.setdefault(k, []).append(loss)
         if on_step is not None:
             on_step(done, total, loss)
