@@ -67,7 +67,7 @@ class Heads:
     def logits(self, k: int, h: np.ndarray) -> np.ndarray:
         """Head k's (0-based) logits over the subset for hidden states h, (N, d) -> (N, S)."""
         a = h + silu(h @ self.w[k].T + self.b[k])
-        return np.asarray(a @ self.out[k].T)
+        return a @ self.out[k].T
 
     def guess(self, h: np.ndarray, n: int) -> list[int]:
         """The first n heads' most likely tokens after hidden state h (d,): positions t+2 .. t+1+n."""
@@ -181,7 +181,7 @@ def output_rows(path: str | os.PathLike[str], subset: np.ndarray) -> np.ndarray:
         tensors = {t.name: t for t in r.tensors}
         t = tensors.get("output.weight") or tensors["token_embd.weight"]
         rows = np.asarray(t.data)[np.asarray(subset, dtype=np.int64)]
-        out = dequantize(rows, t.tensor_type) if t.tensor_type not in (gguf.GGMLQuantizationType.F32,) else rows
+        out = rows if t.tensor_type == gguf.GGMLQuantizationType.F32 else dequantize(rows, t.tensor_type)
     except (KeyError, ValueError, IndexError, NotImplementedError, OSError) as e:
         raise ModelFileError(f"cannot read the output layer of {path} ({type(e).__name__}: {e})") from None
     return np.ascontiguousarray(out, dtype=np.float32).reshape(len(subset), -1)
@@ -273,9 +273,9 @@ def train(heads: Heads, hidden: np.ndarray, labels: np.ndarray, epochs: int, *, 
     """Train every head on (hidden (N, d), labels (K, N)), positions shuffled each epoch; returns each head's last
     epoch's mean loss. Labels outside the subset (or -1) are left out. `on_step(done, total, loss)` after each
     step; `should_stop()` ends training early (the heads keep what they learned)."""
-    index = {int(tok): i for i, tok in enumerate(heads.subset)}
-    lookup = np.vectorize(lambda x: index.get(int(x), -1), otypes=[np.int64])
-    idx = lookup(labels) if labels.size else labels
+    table = np.full(max(int(labels.max(initial=-1)), int(heads.subset.max(initial=-1))) + 2, -1, np.int64)
+    table[heads.subset] = np.arange(heads.subset.size)  # a token id's place in the subset, -1 outside it
+    idx = table[labels]  # a label of -1 reads the table's last entry: -1
     rng = np.random.default_rng(seed)
     opt = Adam()
     batches = [(k, pos) for k in range(heads.n_heads) for pos in _batches(np.flatnonzero(idx[k] >= 0), rng, epochs)]
