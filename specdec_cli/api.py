@@ -35,6 +35,7 @@ from specdec_cli.engine.drafters.cross import CrossVocab
 from specdec_cli.engine.drafters.gate import CostGate
 from specdec_cli.engine.drafters.pool import TokenPool, open_pool_file
 from specdec_cli.engine.events import DRAFT, Step
+from specdec_cli.engine.heads import Heads
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.settings import (
     AUTO,
@@ -43,6 +44,7 @@ from specdec_cli.engine.settings import (
     DEFAULT_K,
     DEFAULT_NGRAM,
     DEFAULT_POOL_MB,
+    HEADS,
     MODEL,
     NGRAM,
     NONE,
@@ -59,14 +61,6 @@ from specdec_cli.rpc_link import RpcLink, placements
 __all__ = ["Chunk", "GenerateOptions", "Generation", "GenerationRun", "Message", "Prompt", "PromptTokens",
            "Speculator", "load"]
 
-# A parallel server calibrates batches of up to --parallel x (this + 1) tokens; bigger ones (a long pool
-# draft beside other slots) are priced by the slope of the last measured sizes.
-PARALLEL_CALIBRATED_K = 8
-# One generation calibrates batches of up to this + 1; longer lookup drafts (up to MAX_DRAFT) are priced by
-# the mean slope of those sizes until the run has timed their own. On 2026-11-24's Xeon the slope priced a
-# batch of 65 at 10.75 single decodes of the F32 target where it measured 9.96 (38.79 against 35.73 on the
-# default pair): a little high, and calibrating up to 65 took 7.0 s against 3.6 s (6.9 against 3.0).
-CALIBRATED_K = 16
 
 
 class Speculator:
@@ -85,8 +79,10 @@ class Speculator:
         parallel: int = 1,
         pool: TokenPool | None = None,
         loader: loading.Loader | None = None,
+        heads: Heads | None = None,
     ) -> None:
         self.choice = choice
+        self.heads = heads  # Medusa heads for the target (engine/heads.py), when a heads file was given
         self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch/)
         self._engine: BatchEngine | None = None
         self._engine_lock = threading.Lock()
@@ -106,6 +102,7 @@ class Speculator:
         self._cross_vocab: CrossVocab | None = None
         self._auto: AutoState | None = None  # what the auto drafter learned, kept across generations
         self._gate = CostGate()  # what --drafter ngram's cost gate learned, kept across generations
+        self._heads_gate = CostGate()  # ... and --drafter heads's
         self._auto_start: AutoState | None = None  # the calibrated starting point, for seeded sampled runs
         self._lock = threading.Lock()
         self.rpc = RpcLink(self, loader)  # the models' RPC servers, if any: where, a lost one, reconnecting
@@ -116,6 +113,8 @@ class Speculator:
         c = self.choice
         out: dict[str, Any] = {"target": str(c.target), "draft": str(c.draft) if c.draft else None, "pair": c.pair}
         out["kernels"] = {"target": self.target.kernels, "draft": self.draft.kernels if self.draft else None}
+        if c.heads is not None:
+            out["heads"] = str(c.heads)
         if self.rpc.endpoints:
             out["where"] = self.rpc.where  # MiB of weights per RPC server (and "local": here)
         return out
@@ -213,6 +212,8 @@ class Speculator:
             raise UsageError("the model drafter needs a draft model: load one (draft=... or a pair), or use 'ngram'")
         if kind == MODEL and self.draft_broken:
             return NONE
+        if kind == HEADS and self.heads is None:
+            raise UsageError("the heads drafter needs a heads file: load one (heads=... or a pair's), or use 'ngram'")
         if self.target.kernels == kernels.INEXACT:
             return NONE  # no drafts to verify: its warning said so at load (engine/kernels.py)
         return kind
@@ -227,7 +228,7 @@ class Speculator:
     def auto_state(self) -> AutoState:
         """The auto drafter's estimates: calibrated costs to start (calibration.py), then the runs' own."""
         if self._auto is None:
-            from specdec_cli.calibration import starting_state
+            from specdec_cli.calibration import CALIBRATED_K, starting_state
 
             draft = self.draft if self.draft is not None and not self.draft_broken else None
             self._auto = starting_state(self.target, draft, self.n_threads, CALIBRATED_K + 1,
@@ -239,7 +240,7 @@ class Speculator:
         """The engine that steps this Speculator's generations together (parallel > 1), started on first use."""
         with self._engine_lock:
             if self._engine is None:
-                from specdec_cli.calibration import parallel_starting_state
+                from specdec_cli.calibration import PARALLEL_CALIBRATED_K, parallel_starting_state
 
                 draft = None if self.cross or self.draft_broken else self.draft
                 k = PARALLEL_CALIBRATED_K
@@ -252,6 +253,8 @@ class Speculator:
     def _default_k(self, kind: str) -> int:
         if kind == MODEL and self.choice.draft_max:
             return self.choice.draft_max
+        if kind == HEADS and self.heads is not None:
+            return self.heads.n_heads
         return DEFAULT_K.get(kind, DEFAULT_K[MODEL])
 
     def _settings(self, o: GenerateOptions, kind: str, config: GenerateOptions, used_chat: bool) -> dict[str, Any]:
@@ -320,6 +323,7 @@ def load(
     rpc: str | Sequence[str] | None = None,
     draft_rpc: str | Sequence[str] | None = None,
     tensor_split: Sequence[float] | None = None,
+    heads: str | os.PathLike[str] | None = None,
 ) -> Speculator:
     """Load a target and its drafter.
 
@@ -327,7 +331,8 @@ def load(
     (`pair=` works too); nothing at all means the default pair. `drafter` is
     "auto" (each step, the n-gram lookup, the draft model or a plain decode,
     whichever the measured costs favour), "model" (the draft model proposes),
-    "ngram" (prompt lookup, no draft model), or None/"none" (the target alone).
+    "ngram" (prompt lookup, no draft model), "heads" (Medusa heads read the target's hidden state: `heads`
+    names their file, `specdec heads train` makes one; auto uses them too), or None/"none" (the target alone).
 
     `parallel` > 1 gives each model that many sequences of `n_ctx` tokens, and
     `start`/`generate`/`stream` may then be called from as many threads at once:
@@ -357,6 +362,7 @@ def load(
         pair,
         no_draft=kind == NONE,
         drafter=kind,
+        heads=Path(heads) if heads is not None else None,
     )
     warnings = []
     cores = native.usable_cores()
@@ -368,12 +374,14 @@ def load(
     placement, draft_placement = placements(rpc, draft_rpc, tensor_split, has_draft=choice.draft is not None)
     loader = loading.Loader(choice, n_ctx, n_threads, n_gpu_layers, draft_gpu_layers, parallel, open_model,
                             placement, draft_placement)  # fmt: skip
-    t, d, cross = loading.load_pair(loader)
+    t, d, cross, the_heads = loading.load_pair(loader)
     if t.kernels == kernels.INEXACT:
         parallel = 1  # sequences batched together would change each other's logits; its warning says so
     pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
-                      pool=pool, loader=loader)  # fmt: skip
+                      pool=pool, loader=loader, heads=the_heads)  # fmt: skip
+    if the_heads is not None and parallel > 1:
+        spec.notes.append("with --parallel, the heads are not used yet: the other drafters draft")
     if ngram_cache is not None:
         try:
             spec.open_pool_file(ngram_cache)

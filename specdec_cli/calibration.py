@@ -37,6 +37,14 @@ from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.models.packaged import cache_dir
 
 VERSION = 2  # 2: the draft's agreement
+# A parallel server calibrates batches of up to --parallel x (this + 1) tokens; bigger ones (a long pool
+# draft beside other slots) are priced by the slope of the last measured sizes.
+PARALLEL_CALIBRATED_K = 8
+# One generation calibrates batches of up to this + 1; longer lookup drafts (up to MAX_DRAFT) are priced by
+# the mean slope of those sizes until the run has timed their own. On 2026-11-24's Xeon the slope priced a
+# batch of 65 at 10.75 single decodes of the F32 target where it measured 9.96 (38.79 against 35.73 on the
+# default pair): a little high, and calibrating up to 65 took 7.0 s against 3.6 s (6.9 against 3.0).
+CALIBRATED_K = 16
 BASE_TEXT = "The quick brown fox jumps over the lazy dog. " * 4
 # Prose, a list and code, about 130 tokens in SmolLM2's: agreement on human text is below agreement along a
 # model's own output (61% against 82% for the default pair's Q2_K draft, 96% against 98% for the F32

@@ -10,10 +10,12 @@ from specdec_cli.engine.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_cli.engine.drafters.auto import WINDOW, AutoDrafter, AutoState
 from specdec_cli.engine.drafters.cross import CrossDrafter, CrossVocab
 from specdec_cli.engine.drafters.gate import CostGate
+from specdec_cli.engine.drafters.medusa import HeadsDrafter
 from specdec_cli.engine.drafters.policies import compose
 from specdec_cli.engine.drafters.pool import TokenPool
+from specdec_cli.engine.heads import Heads
 from specdec_cli.engine.protocol import LoadedModel
-from specdec_cli.engine.settings import AUTO, MODEL, NGRAM, GenerateOptions
+from specdec_cli.engine.settings import AUTO, HEADS, MODEL, NGRAM, GenerateOptions
 from specdec_cli.models.loading import ModelChoice
 
 
@@ -29,7 +31,9 @@ class Speculator(Protocol):
     ngram: tuple[int, int]
     pool: TokenPool | None
     _gate: CostGate
+    _heads_gate: CostGate
     _auto_start: AutoState | None
+    heads: Heads | None
 
     def auto_state(self) -> AutoState: ...
 
@@ -58,15 +62,19 @@ def make_drafter(spec: Speculator, kind: str, config: GenerateOptions) -> Drafte
             model = model_drafter(spec, config, window=WINDOW)
         k = config.k_max
         state = reproducible_auto_state(spec) if config.reproducible else spec.auto_state()
-        return AutoDrafter(ngram_drafter(spec, config), model, k, state, spec.choice.draft_max)
+        heads = HeadsDrafter(spec.heads) if spec.heads is not None else None
+        return AutoDrafter(ngram_drafter(spec, config), model, k, state, spec.choice.draft_max, heads=heads)
+    gate = spec._gate
     if kind == MODEL and spec.draft is not None:
         inner = model_drafter(spec, config)
     elif kind == NGRAM:
         inner = ngram_drafter(spec, config)
+    elif kind == HEADS and spec.heads is not None:
+        inner, gate = HeadsDrafter(spec.heads), spec._heads_gate
     else:
         return None
     # A seeded sampled run gets a new gate: which tokens it verifies must not depend on earlier runs.
-    return compose(inner, config, gate=None if config.reproducible else spec._gate)
+    return compose(inner, config, gate=None if config.reproducible else gate)
 
 
 def model_drafter(spec: Speculator, config: GenerateOptions, window: int | None = None) -> ModelDrafter | CrossDrafter:

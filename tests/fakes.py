@@ -55,6 +55,10 @@ class FakeModel:
         self.decoded_tokens = 0
         self.batches: list[int] = []  # size of every decode call, in order
         self._rows: dict[tuple[int, ...], np.ndarray] = {}
+        self.n_embd = 8
+        self.hidden_on = False
+        self.hidden_calls = 0  # decodes made with hidden states on
+        self._last_hidden = np.zeros((0, self.n_embd), np.float32)
 
     # ------------------------------------------------------------ the model
     def _gauss(self, seed: int, key: tuple[int, ...]) -> np.ndarray:
@@ -72,6 +76,19 @@ class FakeModel:
             row = row.astype(np.float32)
             self._rows[key] = row
         return row
+
+    def hidden_after(self, context: Sequence[int]) -> np.ndarray:
+        """The hidden state whose logits are `logits_after(context)`: a pure function of the same tokens."""
+        key = tuple(context[-self.window :])
+        h = zlib.crc32(np.asarray((self.seed, 7, *key), dtype=np.int64).tobytes())
+        return np.random.default_rng(h).standard_normal(self.n_embd).astype(np.float32)
+
+    def set_hidden(self, on: bool) -> None:
+        self.hidden_on = on
+
+    def hidden(self, n: int) -> np.ndarray:
+        assert self.hidden_on and n <= len(self._last_hidden), (self.hidden_on, n, len(self._last_hidden))
+        return self._last_hidden[-n:].copy()
 
     # ------------------------------------------------------ the protocol
     @property
@@ -96,6 +113,9 @@ class FakeModel:
         self.decoded_tokens += n
         self.decode_seconds += self.call_cost + self.token_cost * n
         end = len(self.tokens)
+        if self.hidden_on:  # every token an output, as llama.cpp's embeddings output makes it
+            self.hidden_calls += 1
+            self._last_hidden = np.stack([self.hidden_after(self.tokens[:i]) for i in range(end - n + 1, end + 1)])
         return np.stack([self.logits_after(self.tokens[:i]) for i in range(end - n_logits + 1, end + 1)])
 
     def rollback(self, n_keep: int) -> None:

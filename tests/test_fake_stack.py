@@ -234,7 +234,7 @@ MSG = [{"role": "user", "content": "Hi"}]
          "speculative.draft_max must be from 1 to 64, got 1000"),
         ({"messages": MSG, "speculative": {"draft_max": "4"}}, 400, "invalid_value", "speculative.draft_max", "integer"),
         ({"messages": MSG, "speculative": {"drafter": "nope"}}, 400, "invalid_value", "speculative.drafter",
-         "'ngram' or 'none'"),
+         "'heads' or 'none'"),
         ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded", "messages",
          "context"),
     ],

@@ -53,6 +53,11 @@ class ModelOptions:
                      rich_help_panel="Models"),
     ] = None
     pair: Annotated[str | None, typer.Option(help="A named pair from models.toml.", rich_help_panel="Models")] = None
+    heads: Annotated[
+        Path | None,
+        typer.Option(help="Medusa heads file for the target (made by `specdec heads train`): --drafter heads "
+                     "drafts with them, and auto weighs them against the other drafters.", rich_help_panel="Models"),
+    ] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +69,8 @@ class DrafterOptions:
             help="auto: each step, verify the n-gram proposal, a draft-model draft or nothing, whichever the "
             "costs measured so far say is fastest (never slower than the target alone by more than its "
             "retry budget); model: the draft model proposes; ngram: copy what followed the latest match of "
-            "the last tokens in the prompt and output (no draft model needed); none: the target alone "
-            "(as --no-draft).",
+            "the last tokens in the prompt and output (no draft model needed); heads: Medusa heads guess from "
+            "the target's hidden state (--heads); none: the target alone (as --no-draft).",
             rich_help_panel="Speculation",
         ),
     ] = DrafterKind.AUTO
@@ -204,6 +209,7 @@ def load(
         models.target,
         models.draft,
         pair=models.pair,
+        heads=models.heads,
         drafter=drafter,
         n_ctx=runtime.ctx_size,
         n_threads=runtime.threads,

@@ -48,11 +48,12 @@ class Output:
         else:
             human()
 
-    def generation(self, title: str) -> Renderer:
-        """Streams a generation: coloured text and a live panel, plain text, or JSON at the end."""
+    def generation(self, title: str, heads: bool = False) -> Renderer:
+        """Streams a generation: coloured text and a live panel, plain text, or JSON at the end. `heads`: the
+        legend names the heads' colour (they are loaded)."""
         from specdec_cli.render.generation import make_renderer
 
-        renderer = make_renderer(self.json, self.out, self.err, title=title)
+        renderer = make_renderer(self.json, self.out, self.err, title=title, heads=heads)
         self._teardown.append(renderer.abort)
         return renderer
 

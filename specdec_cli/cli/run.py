@@ -64,7 +64,7 @@ def run(
         with load(models, runtime, ngram, drafting.kind) as spec:
             gen = spec.start(text, options)
             title = f"speculation ({spec.drafter} drafter)" if spec.drafter != NONE else NONE.label
-            renderer = out.generation(title + placement_note(spec))
+            renderer = out.generation(title + placement_note(spec), heads=spec.heads is not None)
             renderer.start()
             interrupted = False
             try:

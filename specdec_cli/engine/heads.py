@@ -111,7 +111,9 @@ class Heads:
             r = gguf.GGUFReader(str(path))
             meta = {f.name: f for f in r.fields.values()}
 
-            def text(key: str) -> str:
+            def text(key: str, default: str | None = None) -> str:
+                if default is not None and key not in meta:
+                    return default  # gguf writes no empty string
                 f = meta[key]
                 return bytes(f.parts[f.data[0]]).decode("utf-8")
 
@@ -127,7 +129,7 @@ class Heads:
                         np.stack([tensors[f"head.{k}.b"].reshape(d) for k in range(k_heads)]).astype(np.float32),
                         np.stack([tensors[f"head.{k}.out"].reshape(-1, d) for k in range(k_heads)]).astype(np.float32),
                         tensors["subset"].astype(np.int32).reshape(-1), text("specdec.vocab_fingerprint"),
-                        text("specdec.target"), json.loads(text("specdec.settings")))  # fmt: skip
+                        text("specdec.target", ""), json.loads(text("specdec.settings")))  # fmt: skip
         except ModelFileError:
             raise
         except (KeyError, ValueError, IndexError, TypeError, OSError) as e:

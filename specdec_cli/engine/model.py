@@ -295,8 +295,12 @@ class Model(VocabMethods):
 
     def hidden(self, n: int) -> np.ndarray:
         """The last decode's n hidden states, as the output layer reads them (after the output norm): a copy."""
-        n_embd = int(self._C.llama_model_n_embd(self._model))
-        return np.ctypeslib.as_array(self._C.llama_get_embeddings(self._context()), shape=(n, n_embd)).copy()
+        return np.ctypeslib.as_array(self._C.llama_get_embeddings(self._context()), shape=(n, self.n_embd)).copy()
+
+    @property
+    def n_embd(self) -> int:
+        """The width of its hidden states."""
+        return int(self._C.llama_model_n_embd(self._model))
 
     def _resync(self, seq: int = 0) -> None:
         pos_max = int(self._C.llama_memory_seq_pos_max(self._mem, seq))

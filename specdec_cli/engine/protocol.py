@@ -63,6 +63,14 @@ class LanguageModel(Protocol):
         """Make the cache hold exactly `tokens`, reusing the common prefix."""
         ...
 
+    def set_hidden(self, on: bool) -> None:
+        """Return hidden states with the logits from now on (every token of a batch is then an output)."""
+        ...
+
+    def hidden(self, n: int) -> np.ndarray:
+        """The last decode's n hidden states, (n, n_embd), as the output layer reads them: a copy."""
+        ...
+
 
 class LoadedModel(LanguageModel, Protocol):
     """A loaded model as the API, the batch engine and calibration use it: the loop's protocol plus
@@ -78,6 +86,11 @@ class LoadedModel(LanguageModel, Protocol):
     placement: Placement | None  # the RPC servers it is on (None: local; engine/rpc.py)
     where: dict[str, float]  # MiB of weights per RPC server ("local": here), when placed
     kernels: str  # the CPU kernel set it computes with (engine/kernels.py: fast, invariant, reference, inexact)
+
+    @property
+    def n_embd(self) -> int:
+        """The width of its hidden states (the heads read them: engine/heads.py)."""
+        ...
 
     def abandon(self) -> None:
         """Its RPC server stopped answering: drop the handles unfreed (engine/rpc.py)."""

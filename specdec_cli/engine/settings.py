@@ -29,23 +29,26 @@ class DrafterKind(enum.StrEnum):
     AUTO = "auto"
     MODEL = "model"
     NGRAM = "ngram"
+    HEADS = "heads"
     NONE = "none"
 
     @property
     def label(self) -> str:
         """What the terminal calls it (the legend: "accepted from the draft model")."""
-        return {"auto": "auto", "model": "draft model", "ngram": "n-gram lookup", "none": "target alone"}[self]
+        return {"auto": "auto", "model": "draft model", "ngram": "n-gram lookup", "heads": "Medusa heads",
+                "none": "target alone"}[self]
 
 
-AUTO, MODEL, NGRAM, NONE = DrafterKind.AUTO, DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.NONE
-DRAFTERS = (AUTO, MODEL, NGRAM)
+AUTO, MODEL, NGRAM, HEADS = DrafterKind.AUTO, DrafterKind.MODEL, DrafterKind.NGRAM, DrafterKind.HEADS
+NONE = DrafterKind.NONE
+DRAFTERS = (AUTO, MODEL, NGRAM, HEADS)
 DEFAULT_DRAFTER = AUTO
 
 MAX_DRAFT = 64  # a verification batch of K+1 rows; past this no drafter pays for itself
 # Defaults chosen with `specdec bench` and benchmarks/repeats.py (docs/benchmarks.md).
 # For AUTO and NGRAM the most a lookup drafts: each step's length is priced (estimates.py) from the
 # acceptance of its regime (drafters/gate.py); a word-for-word repeat of an earlier text may draft all 64.
-DEFAULT_K: dict[str, int] = {AUTO: MAX_DRAFT, MODEL: 4, NGRAM: MAX_DRAFT}
+DEFAULT_K: dict[str, int] = {AUTO: MAX_DRAFT, MODEL: 4, NGRAM: MAX_DRAFT, HEADS: 3}  # heads: as many as trained
 DEFAULT_NGRAM = (2, 4)
 DEFAULT_POOL_MB = 64.0  # the token pool of earlier prompts and outputs (about 900k tokens)
 DEFAULT_P_MIN = 0.0

@@ -34,6 +34,7 @@ import numpy as np
 
 from specdec_cli.engine import native
 from specdec_cli.engine.drafters import Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
+from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
 from specdec_cli.engine.protocol import LanguageModel
 from specdec_cli.engine.sampling import Dist, SamplerSettings, process, rows_finite, verify_greedy, verify_sampled
@@ -66,6 +67,7 @@ class SpeculativeGenerator:
         self.eog = target.eog_ids
         self._should_stop = should_stop
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._hidden = False  # the target returns hidden states (for the heads: drafters/medusa.py)
         self.result = Transcript(text="", token_ids=[], stop_reason="", n_prompt=len(prompt))
 
     # -------------------------------------------------------------- helpers
@@ -102,6 +104,8 @@ class SpeculativeGenerator:
         try:
             yield from self._run()
         finally:
+            if self._hidden:
+                self.target.set_hidden(False)
             # A character cut by --max-tokens (or a stop) mid-way is left out, as the stream left it out:
             # text holds complete characters only; token_ids keep every token.
             self._decoder.reset()
@@ -119,6 +123,10 @@ class SpeculativeGenerator:
             self.drafter.begin(self.prompt)
         t_draft = (self.drafter.decode_seconds() - td0) if self.drafter else 0.0
         res.prefill = Prefill(len(self.prompt), target.decode_seconds - tt0, t_draft)
+        if hidden_wanted(self.drafter):
+            # after the prefill: with it on, every token of a batch is an output (verification batches are)
+            target.set_hidden(True)
+            self._hidden = True
         yield res.prefill
 
         context = list(self.prompt)
@@ -153,9 +161,11 @@ class SpeculativeGenerator:
             tt0 = target.decode_seconds
             rows = target.decode([context[-1], *drafted], n_logits=len(drafted) + 1)
             t_target = target.decode_seconds - tt0
+            hidden = target.hidden(len(drafted) + 1) if self._hidden else None
             step, n_acc = self.verify(index, context, proposal, rows, (t_step, t_draft, t_target, t_sample))
             if self.drafter is not None:
-                self.drafter.accept(Outcome(context, proposal, n_acc, t_target))
+                self.drafter.accept(Outcome(context, proposal, n_acc, t_target,
+                                            None if hidden is None else hidden[n_acc]))  # fmt: skip
             yield step
             if step.stop:
                 res.stop_reason = step.stop

@@ -5,18 +5,21 @@ Nothing here prints: the CLI decides what the user sees.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specdec_cli import pairs
+from specdec_cli.engine.drafters.pool import vocab_fingerprint
 from specdec_cli.engine.gguf import check_gguf_file
+from specdec_cli.engine.heads import Heads
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.engine.settings import MODEL, NGRAM, NONE
-from specdec_cli.errors import ConfigError, IncompatiblePairError, UsageError
+from specdec_cli.engine.settings import AUTO, HEADS, MODEL, NGRAM, NONE
+from specdec_cli.errors import ConfigError, IncompatiblePairError, ModelFileError, UsageError
 from specdec_cli.models import registry
 
 
@@ -26,7 +29,7 @@ class ModelChoice:
     draft: Path | None
     pair: str | None
     draft_max: int | None  # the pair's recommended K, when a pair was used
-
+    heads: Path | None = None  # Medusa heads for the target (engine/heads.py): --heads, or the pair's
 
 def is_pair_name(name: str | os.PathLike[str]) -> bool:
     """A models.toml pair name given where a path is expected (no such file, a known name)."""
@@ -45,14 +48,34 @@ def choose_models(
     pair: str | None,
     no_draft: bool,
     drafter: str = MODEL,
+    heads: Path | None = None,
 ) -> ModelChoice:
-    """Which files to load for these options (nothing is loaded or downloaded here)."""
+    """Which files to load for these options (nothing is loaded or downloaded here). The heads file is
+    `heads`, else the pair's; only a drafter that can use it (heads, auto) gets it."""
+    choice = _choose_models(target, draft, pair, no_draft, drafter)
+    heads = heads or (registry.load().get(choice.pair).heads if choice.pair else None)
+    if drafter == HEADS and heads is None:
+        raise UsageError("--drafter heads needs --heads FILE: train heads for the target with `specdec heads train`")
+    if heads is None or drafter not in (HEADS, AUTO):
+        return choice
+    if not heads.is_file():
+        raise ModelFileError(f"no heads file at {heads}: train one with `specdec heads train`")
+    return dataclasses.replace(choice, heads=heads)
+
+
+def _choose_models(
+    target: Path | None,
+    draft: Path | None,
+    pair: str | None,
+    no_draft: bool,
+    drafter: str,
+) -> ModelChoice:
     if pair and (target or draft):
         raise UsageError("--pair cannot be combined with --target/--draft")
     if draft and no_draft:
         raise UsageError("--draft and --no-draft contradict each other")
-    if drafter == NGRAM and draft:
-        raise UsageError("--drafter ngram uses no draft model: drop --draft")
+    if drafter in (NGRAM, HEADS) and draft:
+        raise UsageError(f"--drafter {drafter} uses no draft model: drop --draft")
     if target or draft:
         if not target:
             raise UsageError("--draft needs --target (the model whose output you want)")
@@ -65,7 +88,7 @@ def choose_models(
     reg = registry.load()
     entry = reg.get(pair) if pair else reg.default_pair()
     t = registry.resolve(entry.target, entry.name, "target")
-    if drafter in (NGRAM, NONE) or no_draft:
+    if drafter in (NGRAM, HEADS, NONE) or no_draft:
         return ModelChoice(t, None, entry.name, None)
     return ModelChoice(t, registry.resolve(entry.draft, entry.name, "draft"), entry.name, entry.draft_max)
 
@@ -108,6 +131,14 @@ def check_pair(target: Path, draft: Path, opener: ModelOpener | None = None) -> 
     return verdict
 
 
+def load_heads(choice: ModelChoice, target: LoadedModel) -> Heads | None:
+    """The choice's heads file, checked against the loaded target (its vocabulary and width): a file for
+    another target is one line (ModelFileError), as a foreign pool file is."""
+    if choice.heads is None:
+        return None
+    return Heads.load(choice.heads, vocab_fingerprint(target.vocab_info().texts), target.n_embd)
+
+
 @dataclass(frozen=True)
 class Loader:
     """How a pair's models are opened (kept, so a model lost with its RPC server can be opened again)."""
@@ -136,8 +167,9 @@ class Loader:
                           unified=self.n_seq > 1, placement=self.draft_placement, exact=False)  # fmt: skip
 
 
-def load_pair(loader: Loader) -> tuple[LoadedModel, LoadedModel | None, bool]:
-    """Both models, or neither: a draft that fails to load frees the target.
+def load_pair(loader: Loader) -> tuple[LoadedModel, LoadedModel | None, bool, Heads | None]:
+    """Both models (and the heads, when the choice names a file), or none: a draft or heads file that fails
+    to load frees what was loaded.
 
     The flag says whether the draft has a different tokenizer (it drafts across them). `loader.opener`
     opens the files (default: `OPENER`, llama.cpp).
@@ -147,9 +179,13 @@ def load_pair(loader: Loader) -> tuple[LoadedModel, LoadedModel | None, bool]:
     if choice.draft is not None and choice.draft.resolve() != choice.target.resolve():
         cross = check_pair(choice.target, choice.draft, loader.opener).verdict == pairs.CROSS
     target = loader.target()
+    draft = None
     try:
         draft = loader.draft(cross) if choice.draft is not None else None
+        heads = load_heads(choice, target)
     except BaseException:
         target.close()
+        if draft is not None:
+            draft.close()
         raise
-    return target, draft, cross
+    return target, draft, cross, heads

@@ -22,7 +22,7 @@ from specdec_cli.models import hub
 
 SOURCE_KEYS = ("packaged", "repo", "path")
 SOURCE_FIELDS = {"packaged", "requantize", "repo", "file", "revision", "path", "sha256", "size_gb", "unverified"}
-PAIR_FIELDS = {"description", "target", "draft", "draft_max", "notes"}
+PAIR_FIELDS = {"description", "target", "draft", "draft_max", "heads", "notes"}
 REQUIRED = ("description", "target", "draft")
 MAX_SIZE_GB = 10_000.0
 
@@ -84,6 +84,15 @@ class Pair:
     draft_max: int = 4
     notes: str = ""
     origin: Path = field(default_factory=Path)
+    heads: Path | None = None  # Medusa heads for the target (`specdec heads train`), a local file
+
+
+def _heads_path(text: str | None, origin: Path) -> Path | None:
+    """A pair's heads file: `~` expanded, a relative path read from the folder of the file that names it."""
+    if not text:
+        return None
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else origin.parent / path
 
 
 @dataclass(frozen=True)
@@ -227,7 +236,7 @@ def parse(text: str, origin: Path) -> Registry:
         unknown = set(entry) - PAIR_FIELDS
         if unknown:
             raise ConfigError(f"{at}: {where} has unknown field(s): {', '.join(sorted(unknown))}")
-        for text_field in ("description", "notes"):
+        for text_field in ("description", "notes", "heads"):
             if text_field in entry and not isinstance(entry[text_field], str):
                 raise ConfigError(
                     f"{_where(origin, lines.of(name, text_field))}: {where}.{text_field} must be a string"
@@ -245,6 +254,7 @@ def parse(text: str, origin: Path) -> Registry:
             draft_max=draft_max,
             notes=entry.get("notes", ""),
             origin=origin,
+            heads=_heads_path(entry.get("heads"), origin),
         )
     default = doc.get("default")
     if default is not None and not isinstance(default, str):

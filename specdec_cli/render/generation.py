@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Prefill, Step
-from specdec_cli.engine.settings import MODEL, NGRAM
+from specdec_cli.engine.settings import HEADS, MODEL, NGRAM
 from specdec_cli.engine.stats import RunStats, Stats
 from specdec_cli.render import no_color, one_line, pct, visible, warning
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 DRAFT_STYLE = "bold green"  # accepted from the draft model
 NGRAM_STYLE = "bold cyan"  # accepted from the n-gram lookup
+HEADS_STYLE = "bold magenta"  # accepted from the Medusa heads
 TARGET_STYLE = ""
 STOP_REASONS = {
     "eos": "end of generation token",
@@ -42,12 +43,16 @@ STOP_REASONS = {
 }
 
 
-def legend() -> Text:
+def legend(heads: bool = False) -> Text:
+    """The colours' meanings; the heads' colour only where heads are loaded (`heads`)."""
     t = Text("legend: ")
     t.append(f"accepted from {MODEL.label}", style=DRAFT_STYLE)
     t.append("  ")
     t.append(f"accepted from {NGRAM.label}", style=NGRAM_STYLE)
     t.append("  ")
+    if heads:
+        t.append(f"accepted from {HEADS.label}", style=HEADS_STYLE)
+        t.append("  ")
     t.append("chosen by target", style=TARGET_STYLE or None)
     return t
 
@@ -57,7 +62,7 @@ def styled_token(text: str, source: str, drafter: str | None = None) -> Text:
     text = visible(text)
     if source != DRAFT:
         return Text(text, style=TARGET_STYLE)
-    return Text(text, style=NGRAM_STYLE if drafter == NGRAM else DRAFT_STYLE)
+    return Text(text, style=NGRAM_STYLE if drafter == NGRAM else HEADS_STYLE if drafter == HEADS else DRAFT_STYLE)
 
 
 def choices(stats: Stats) -> Text | None:
@@ -177,8 +182,10 @@ class LiveRenderer(Renderer):
 
     REFRESH_SECONDS = 0.1
 
-    def __init__(self, out: Console, err: Console, *, live_panel: bool = True, title: str = "speculation") -> None:
+    def __init__(self, out: Console, err: Console, *, live_panel: bool = True, title: str = "speculation",
+                 heads: bool = False) -> None:  # fmt: skip
         self.title = title
+        self.heads = heads
         self.out = out
         self.err = err
         self.live_panel = live_panel
@@ -213,7 +220,7 @@ class LiveRenderer(Renderer):
         self.live.start()
 
     def start(self) -> None:
-        self.err.print(legend())
+        self.err.print(legend(self.heads))
         if self.live_panel:
             self._start_live()
 
@@ -281,7 +288,8 @@ class LiveRenderer(Renderer):
 
 
 def make_renderer(
-    json_mode: bool, out: IO[str] | None = None, err: IO[str] | None = None, title: str = "speculation"
+    json_mode: bool, out: IO[str] | None = None, err: IO[str] | None = None, title: str = "speculation",
+    heads: bool = False,
 ) -> Renderer:
     out = out or sys.stdout
     err = err or sys.stderr
@@ -291,7 +299,7 @@ def make_renderer(
         return PlainRenderer(out, err)
     out_console = Console(file=out, highlight=False)
     err_console = Console(file=err, highlight=False)
-    return LiveRenderer(out_console, err_console, live_panel=err.isatty(), title=title)
+    return LiveRenderer(out_console, err_console, live_panel=err.isatty(), title=title, heads=heads)
 
 
 # ---------------------------------------------------------------------- chat

@@ -109,3 +109,9 @@ class SeqView:
 
     def prefill(self, tokens: Sequence[int]) -> None:
         self.model.prefill(tokens, self.seq)
+
+    def set_hidden(self, on: bool) -> None:
+        self.model.set_hidden(on)  # the whole context's: every sequence's batches
+
+    def hidden(self, n: int) -> np.ndarray:
+        return self.model.hidden(n)

@@ -14,6 +14,11 @@ measured during the run:
 and verifies the best. The choice depends only on the past, so greedy output
 is the target's and the sampled distribution too.
 
+With Medusa heads (drafters/medusa.py) it holds a fourth: the heads' chain of guesses from the target's
+hidden state, priced as E_h(K) / (K c_h + c_v(K+1)), with E_h from shadow scoring as the lookup's (every
+guess is scored, verified or not) and c_h a guess's measured time. A guess is not free: while the heads
+do not pay, they guess only as often as keeps their time under `SHADOW_SHARE` of the generation's.
+
 A draft model that does not pay is paused, not dropped. While paused its cache
 is left behind (nothing is spent on it); a retry catches it up on at most
 `WINDOW` recent tokens in one batch and drafts once, and retries are spaced so
@@ -25,12 +30,14 @@ every token were accepted is not retried until its measured costs change.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, ModelDrafter, NgramDrafter, Outcome, Proposal
 from specdec_cli.engine.drafters.cross import CrossDrafter
 from specdec_cli.engine.drafters.gate import ShadowScore
+from specdec_cli.engine.drafters.medusa import HeadsDrafter
 from specdec_cli.engine.estimates import (
     Acceptance,
     BatchCosts,
@@ -39,7 +46,7 @@ from specdec_cli.engine.estimates import (
     perfect_speedup,
     step_speedup,
 )
-from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
+from specdec_cli.engine.settings import AUTO, HEADS, MODEL, NGRAM
 
 WINDOW = 64  # tokens a paused draft model re-reads when it is retried
 RETRY_SHARE = 0.05  # at most this share of generation time goes to retrying a paused draft model
@@ -47,6 +54,7 @@ MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verif
 CALIBRATED_WEIGHT = 6.0  # observations a calibrated agreement (calibration.py) is worth: one early miss
 # must not pause a draft that agrees 98% of the time (2 were: a miss in the first two steps paused it)
 RUN_PRIOR = 4.0  # draft-model steps assumed to follow one another, before any run is measured
+SHADOW_SHARE = 0.02  # at most this share of generation time goes to guesses of heads that do not pay
 
 
 @dataclass
@@ -70,6 +78,15 @@ class AutoState:
     model_run: float = RUN_PRIOR
     draft_samples: RecentMedian = field(default_factory=RecentMedian)
     batch_samples: RecentMedian = field(default_factory=RecentMedian)
+    heads: ShadowScore = field(default_factory=ShadowScore)  # the heads' acceptance (kept: it is theirs, not a text's)
+    heads_samples: RecentMedian = field(default_factory=RecentMedian)
+    heads_seconds: float | None = None  # a guess's time: the median of recent ones
+
+    def heads_cost(self) -> float:
+        """c_h: a guess's time in single-token target decodes (0 until both are measured, or for a seeded
+        sampled run, whose choices must not depend on timings)."""
+        one, t = self.costs.one, self.heads_seconds
+        return t / one if self.learn_costs and one and t is not None else 0.0
 
     def draft_cost(self) -> float | None:
         """c_d: the draft's cost per token in single-token target decodes."""
@@ -90,8 +107,12 @@ class AutoDrafter:
         k_max: int,
         state: AutoState,
         model_k_max: int | None = None,
+        heads: HeadsDrafter | None = None,
     ) -> None:
         self.ngram = ngram
+        self.heads = heads
+        self.wants_hidden = heads is not None  # the loop passes the target's hidden states (medusa.py)
+        self._heads_wait = 0  # steps until unpaying heads guess again
         self.model = model
         self._loaded = model
         self.k_max = k_max
@@ -102,6 +123,7 @@ class AutoDrafter:
         self._note: str | None = None
         self._model_at = 0
         self._run = 0
+        self._heads_pay = True  # the heads' latest guess was worth verifying (then they guess every step)
 
     def decode_seconds(self) -> float:
         return self._loaded.decode_seconds() if self._loaded else 0.0  # a dropped model's time still counts
@@ -110,6 +132,10 @@ class AutoDrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         self.ngram.begin(prompt)
         self.shadow.clear()
+        if self.heads is not None:
+            self.heads.begin(prompt)
+            self.state.heads.clear(keep=1.0)
+            self._heads_wait = 0
         self._note = None
         self._model_at = 0  # context tokens the draft model's cache holds (at most)
         self._run = 0  # model steps in a row so far
@@ -137,6 +163,12 @@ class AutoDrafter:
         choice, value = "plain", 1.0
         if j and v_ng > value:
             choice, value = NGRAM, v_ng
+        hd = self._heads_guess(req)
+        if hd.tokens:
+            j_h, v_h = best_length(s.heads.acceptance, s.costs, len(hd.tokens), s.heads_cost())
+            self._heads_pay = j_h > 0
+            if j_h and v_h > value:
+                choice, value, ng = HEADS, v_h, hd.cut(j_h)
         if self.model is not None:
             k_m, v_m = self._model_value(min(req.k, self.model_k_max))
             pays = k_m > 0  # best_length only picks a K predicted to beat a plain decode by MIN_GAIN
@@ -155,6 +187,8 @@ class AutoDrafter:
                 choice, value = MODEL, self._model_speedup(k_m)
                 note = "retrying the paused draft model"
         self._choice = choice
+        if choice == HEADS:
+            return dataclasses.replace(ng, k=len(ng.tokens), predicted_speedup=value, note=note)
         if choice == NGRAM:
             return dataclasses.replace(ng.cut(j), k=j, predicted_speedup=value, note=note)
         if choice == MODEL:
@@ -170,6 +204,9 @@ class AutoDrafter:
         one = s.costs.one or (outcome.t_target if s.learn_costs else 1.0)
         s.budget += RETRY_SHARE * one  # each step's plain-decode equivalent earns retry time
         self.shadow.score(outcome.context)
+        if self.heads is not None:
+            self.heads.accept(outcome)
+            s.heads.score(outcome.context)
         if self._choice == MODEL and n:
             s.model.observe(n, outcome.n_accepted)
         if self._choice == MODEL:
@@ -177,6 +214,23 @@ class AutoDrafter:
         elif self._run:  # a run of model steps ended: how long such runs last prices the next catch-up
             s.model_run, self._run = 0.8 * s.model_run + 0.2 * self._run, 0
         self.ngram.accept(outcome)
+
+    # ------------------------------------------------------------ the heads
+    def _heads_guess(self, req: DraftRequest) -> Proposal:
+        """The heads' guesses, when they are due: every step while they pay, else one step in as many as keep
+        their time under SHADOW_SHARE (always, for a seeded sampled run: no timings decide it)."""
+        h, s = self.heads, self.state
+        if h is None or not h.ready(len(req.context)):
+            return Proposal()
+        if self._heads_wait > 0 and s.learn_costs and not self._heads_pay:
+            self._heads_wait -= 1
+            return Proposal()
+        hd = h.propose(dataclasses.replace(req, k=min(req.k, h.heads.n_heads)))
+        if s.learn_costs:
+            s.heads_seconds = s.heads_samples.add(h.guess_seconds)
+        self._heads_wait = math.ceil(s.heads_cost() / SHADOW_SHARE) - 1
+        s.heads.propose(len(req.context), hd.tokens)
+        return hd
 
     # ------------------------------------------------------------ the model
     def _model_could_pay(self) -> bool:

@@ -10,7 +10,9 @@ A proposal carries, for sampling, the distribution q each token was drawn from
 (the acceptance test needs q(x)). A deterministic drafter (the n-gram lookup)
 gives point masses: the target then accepts x with probability p(x) and, on
 rejection, resamples from p with x removed, the ordinary rejection rule with
-q = 1 at x. `free` says whether proposing costs a model decode.
+q = 1 at x. `free` says whether proposing costs a model decode. A drafter with
+`wants_hidden` true (the heads, and auto when it holds them) is given the target's
+hidden state in each `Outcome` (`hidden_wanted` reads the flag; it is optional).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class Outcome:
     proposal: Proposal
     n_accepted: int
     t_target: float  # seconds the target took for the batch of len(proposal.tokens) + 1
+    # The target's hidden state at the row whose logits gave the step's last token (the heads read it:
+    # drafters/medusa.py); only for a drafter that `wants_hidden`, else None.
+    hidden: np.ndarray | None = None
 
 
 class DraftUnusable(Exception):
@@ -80,3 +85,8 @@ class Drafter(Protocol):
     def accept(self, outcome: Outcome) -> None: ...
 
     def decode_seconds(self) -> float: ...
+
+
+def hidden_wanted(drafter: Drafter | None) -> bool:
+    """Whether the loop should return the target's hidden states to this drafter (drafters/medusa.py)."""
+    return bool(getattr(drafter, "wants_hidden", False))

@@ -83,13 +83,14 @@ class ShadowScore:
         """The table for the latest proposal's regime (the one about to be priced)."""
         return self.tables[self.regime]
 
-    def clear(self) -> None:
+    def clear(self, keep: float = 0.25) -> None:
         """A new text begins: pending proposals go, and what in-context copying taught on earlier
-        texts counts for a quarter (how well it works depends on the text)."""
+        texts counts for a quarter (how well it works depends on the text); `keep`: that share."""
         self._pending.clear()
         self.last_ok = self.long = self.repeat = False
-        self.tables[HIT].forget(0.25)
-        self.tables[MISS].forget(0.25)
+        if keep < 1.0:
+            self.tables[HIT].forget(keep)
+            self.tables[MISS].forget(keep)
 
     def propose(self, context_len: int, proposal: Sequence[int], pool_match: int = 0) -> None:
         """Queue a proposal for scoring; `pool_match`: the length of the pool match it continues."""

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from specdec_cli.engine.drafters import Drafter, DraftRequest, Outcome, Proposal
+from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.drafters.gate import CostGate
 from specdec_cli.engine.settings import GenerateOptions
 
@@ -35,6 +36,7 @@ class AdaptiveLength:
         self.inner = inner
         self.name = inner.name
         self.free = inner.free
+        self.wants_hidden = hidden_wanted(inner)
         self.lo, self.hi = lo, hi
         self.k = hi
         self._asked = 0
@@ -66,6 +68,7 @@ class CostGated:
         self.inner = inner
         self.name = inner.name
         self.free = inner.free
+        self.wants_hidden = hidden_wanted(inner)
         self.gate = gate or CostGate()
         self.learn_costs = learn_costs  # False: a seeded sampled run must not depend on timings
 
