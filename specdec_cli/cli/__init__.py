@@ -16,7 +16,7 @@ import typer
 import typer.core
 
 from specdec_cli import __version__
-from specdec_cli.cli import bench, chat, models, ngram_cache, pair_check, rpc_server, run, serve
+from specdec_cli.cli import bench, chat, heads, models, ngram_cache, pair_check, rpc_server, run, serve
 from specdec_cli.errors import ExitCode
 
 
@@ -65,6 +65,7 @@ app.command("serve")(serve.serve)
 app.command("rpc-server")(rpc_server.rpc_server)
 app.add_typer(models.app)
 app.add_typer(ngram_cache.app)
+app.add_typer(heads.app)
 
 
 def main() -> None:

@@ -269,17 +269,23 @@ def accuracy(heads: Heads, hidden: np.ndarray, labels: np.ndarray) -> list[float
     return out
 
 
+def index_labels(heads: Heads, labels: np.ndarray) -> np.ndarray:
+    """Token ids as places in the heads' subset: -1 outside it (and for a label of -1)."""
+    table = np.full(max(int(labels.max(initial=-1)), int(heads.subset.max(initial=-1))) + 2, -1, np.int64)
+    table[heads.subset] = np.arange(heads.subset.size)
+    return table[labels]  # a label of -1 reads the table's last entry: -1
+
+
 def train(heads: Heads, hidden: np.ndarray, labels: np.ndarray, epochs: int, *, seed: int = 0,
           on_step: Callable[[int, int, float], None] | None = None, should_stop: Callable[[], bool] | None = None,
-          ) -> list[float]:  # fmt: skip
+          opt: Adam | None = None) -> list[float]:  # fmt: skip
     """Train every head on (hidden (N, d), labels (K, N)), positions shuffled each epoch; returns each head's last
     epoch's mean loss. Labels outside the subset (or -1) are left out. `on_step(done, total, loss)` after each
-    step; `should_stop()` ends training early (the heads keep what they learned)."""
-    table = np.full(max(int(labels.max(initial=-1)), int(heads.subset.max(initial=-1))) + 2, -1, np.int64)
-    table[heads.subset] = np.arange(heads.subset.size)  # a token id's place in the subset, -1 outside it
-    idx = table[labels]  # a label of -1 reads the table's last entry: -1
+    step; `should_stop()` ends training early (the heads keep what they learned). `opt`: an optimizer to go
+    on with (its moments), for training an epoch at a time."""
+    idx = index_labels(heads, labels)
     rng = np.random.default_rng(seed)
-    opt = Adam()
+    opt = opt or Adam()
     batches = [(k, pos) for k in range(heads.n_heads) for pos in _batches(np.flatnonzero(idx[k] >= 0), rng, epochs)]
     total, losses = len(batches), [math.nan] * heads.n_heads
     running: dict[int, list[float]] = {}
