@@ -246,7 +246,7 @@ class Speculator:
                 k = PARALLEL_CALIBRATED_K
                 state, draft_costs = parallel_starting_state(self.target, draft, self.n_threads,
                                                              self.parallel * (k + 1), self.parallel)  # fmt: skip
-                self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram, pool=self.pool,
+                self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram, pool=self.pool, heads=self.heads,
                                            model_k_max=self.choice.draft_max, draft_costs=draft_costs)  # fmt: skip
             return self._engine
 
@@ -380,8 +380,6 @@ def load(
     pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
                       pool=pool, loader=loader, heads=the_heads)  # fmt: skip
-    if the_heads is not None and parallel > 1:
-        spec.notes.append("with --parallel, the heads are not used yet: the other drafters draft")
     if ngram_cache is not None:
         try:
             spec.open_pool_file(ngram_cache)

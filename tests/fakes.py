@@ -88,7 +88,7 @@ class FakeModel:
 
     def hidden(self, n: int) -> np.ndarray:
         assert self.hidden_on and n <= len(self._last_hidden), (self.hidden_on, n, len(self._last_hidden))
-        return self._last_hidden[-n:].copy()
+        return self._last_hidden[:n].copy()
 
     # ------------------------------------------------------ the protocol
     @property
@@ -248,13 +248,18 @@ class FakeGGUF(FakeModel):
 
     def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
         assert sum(len(t) for _, t, _, _ in parts) <= self.n_batch
-        out = []
+        out, hidden = [], []
         for seq, toks, n_logits, tail in parts:
             if not toks:
                 out.append(np.empty((0, self.n_vocab), dtype=np.float32))
                 continue
             rows = self.decode(toks, len(toks), seq)
             out.append(rows[len(toks) - tail - n_logits : len(toks) - tail])
+            if self.hidden_on:
+                hidden.append(self._last_hidden)
+        if self.hidden_on:  # one batch: every row's hidden state, in batch order (`Model.hidden`)
+            self.hidden_calls -= len(hidden) - 1
+            self._last_hidden = np.concatenate(hidden) if hidden else np.zeros((0, self.n_embd), np.float32)
         return out
 
     def rollback(self, n_keep: int, seq: int = 0) -> None:

@@ -115,3 +115,12 @@ def test_hidden_states_come_with_the_logits_the_target_gives_alone(smol: Model) 
     smol.reset()
     fp = vocab_fingerprint(smol.vocab_info().texts)
     assert H.Heads.initial(1, rows, subset, fp).guess(hidden[-1], 1)[0] in subset
+
+
+def test_the_expected_run_counts_heads_right_in_a_row_from_the_first() -> None:
+    heads, h, labels = _toy(4)
+    guess = np.stack([heads.subset[np.argmax(heads.logits(k, h), axis=1)] for k in range(2)])
+    labels = guess.copy()
+    labels[0, 1] = -1  # head 1 wrong: head 2's right guess there adds nothing
+    labels[1, 2] = -1  # head 1 right, head 2 wrong: one token
+    assert H.expected_run(heads, h, labels) == (2 + 0 + 1 + 2) / 4

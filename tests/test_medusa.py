@@ -208,3 +208,47 @@ def test_the_cli_runs_the_heads_and_refuses_a_missing_or_foreign_file(tmp_path: 
         res = CliRunner().invoke(app, [*base, "--drafter", "heads", *args])
         assert res.exit_code == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
         assert "Traceback" not in res.stderr
+
+
+def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Model) -> None:
+    """Four slots in one batch with hidden states on (engine/batch/): each slot's guesses come from its own
+    rows, prompt chunks and fillers move no row, and every request is the target's own greedy text. The heads
+    are fitted to these very answers (so that they pay and are verified)."""
+    import threading
+
+    from specdec_cli import api
+    from specdec_cli.engine.drafters.pool import vocab_fingerprint
+
+    prompts = ["Name three rivers.", "Count to ten in words.", "Write a line about the sea.", "Say hello.",
+               "List the days of the week."]  # fmt: skip
+    with api.load(smol.path, n_ctx=512, drafter=None) as solo:
+        ids = [solo.tokenize(p).ids for p in prompts]
+    alone = []
+    for prompt in ids:
+        smol.reset()
+        alone.append(generate(smol, None, prompt, GenerateOptions(max_tokens=40)).token_ids)
+    hidden, labels = [], []
+    for prompt, answer in zip(ids, alone, strict=True):
+        smol.reset()
+        text = np.array(prompt + answer)
+        hidden.append(H.decode_hidden(smol, list(text))[1])
+        labels.append(H.targets_for(text, 3))
+    smol.reset()
+    h, lab = np.concatenate(hidden), np.concatenate(labels, axis=1)
+    subset = H.choose_subset(lab[0], 4096)
+    heads = H.Heads.initial(3, H.output_rows(smol.path, subset), subset, vocab_fingerprint(smol.vocab_info().texts))
+    H.train(heads, h, lab, epochs=40)
+    path = tmp_path / "h.gguf"
+    heads.save(path)
+    with api.load(smol.path, n_ctx=512, parallel=4, heads=path) as par:
+        for drafter in ("heads", "auto"):
+            out: dict[int, api.Generation] = {}
+            threads = [threading.Thread(target=lambda i=i: out.__setitem__(
+                i, par.generate(prompts[i], max_tokens=40, drafter=drafter))) for i in range(len(prompts))]  # fmt: skip
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            for i in range(len(prompts)):
+                assert out[i].token_ids == alone[i], (drafter, prompts[i])
+            assert sum(g.stats.accepted for g in out.values()) > 20, drafter

@@ -71,7 +71,8 @@ def parse_configs(text: str, model_k: int, ngram_k: int) -> list[BenchConfig]:
             continue
         if kind not in DRAFTERS or not arg or (kind == AUTO and arg == "auto"):
             raise BenchInputError(
-                f"unknown configuration {name!r}: use target, model:K, model:auto, ngram:K, ngram:auto, auto or auto:K"
+                f"unknown configuration {name!r}: use target, model:K, model:auto, ngram:K, ngram:auto, heads:K, heads:auto, "
+                "auto or auto:K"
             )
         if arg == "auto":
             out.append(BenchConfig(name, kind, model_k if kind == MODEL else ngram_k, True))

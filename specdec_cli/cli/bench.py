@@ -20,7 +20,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output
-from specdec_cli.engine.settings import AUTO, DEFAULT_K, MODEL, NGRAM
+from specdec_cli.engine.settings import AUTO, DEFAULT_K, HEADS, MODEL, NGRAM
 
 
 @with_options
@@ -108,6 +108,8 @@ def bench(
             raise UsageError("model configurations need a draft model: give --draft or --pair")
         # --target alone is enough for target and ngram configurations: the draft is not loaded then.
         kind = MODEL if needs_draft else AUTO if any(c.drafter == AUTO for c in cfgs) else NGRAM
+        if kind != AUTO and any(c.drafter == HEADS for c in cfgs):
+            kind = HEADS if kind == NGRAM else kind  # heads configurations need the heads file (--heads)
         with load(models, runtime, ngram, kind) as spec:
             if draft.draft_max is None and spec.choice.draft_max:
                 cfgs = core.parse_configs(configs, spec.choice.draft_max, ngram_draft_max)
@@ -124,7 +126,7 @@ def bench(
                         repeats=repeats, max_tokens=max_tokens, threads=threads, on_run=advance,
                     )  # fmt: skip
             models_json = spec.models
-            files = {"target": spec.choice.target, "draft": spec.choice.draft}
+            files = {"target": spec.choice.target, "draft": spec.choice.draft, "heads": spec.choice.heads}
             threads_used = spec.n_threads or usable_cores()
         summaries = result.summaries()
         if runs:

@@ -276,6 +276,15 @@ def index_labels(heads: Heads, labels: np.ndarray) -> np.ndarray:
     return table[labels]  # a label of -1 reads the table's last entry: -1
 
 
+def expected_run(heads: Heads, hidden: np.ndarray, labels: np.ndarray) -> float:
+    """Mean over positions of how many heads in a row, from head 1, guess right: the tokens a draft of all
+    the heads adds when the target verifies it greedily (positions whose labels run past the text end count
+    only the heads that have one: a miss)."""
+    right = np.stack([heads.subset[np.argmax(heads.logits(k, hidden), axis=1)] == labels[k]
+                      for k in range(heads.n_heads)])  # fmt: skip
+    return float(np.cumprod(right, axis=0).sum(axis=0).mean()) if hidden.shape[0] else 0.0
+
+
 def train(heads: Heads, hidden: np.ndarray, labels: np.ndarray, epochs: int, *, seed: int = 0,
           on_step: Callable[[int, int, float], None] | None = None, should_stop: Callable[[], bool] | None = None,
           opt: Adam | None = None) -> list[float]:  # fmt: skip

@@ -163,6 +163,7 @@ class Model(VocabMethods):
         self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
         self._b_logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
         self._b_seq = np.zeros(n_batch, dtype=np.int32)  # the seq id each batch row holds now
+        self.hidden_on = False  # every row an output, with its hidden state (`set_hidden`)
         for i in range(n_batch):
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = 0
@@ -214,7 +215,8 @@ class Model(VocabMethods):
             self._fill(0, seq, tokens[start:end], max(0, end - max(first_out, start)))
             self._run_batch(end - start, (seq,))
             self.seq_tokens[seq].extend(tokens[start:end])
-        return self._logits(0, n_logits)
+        last = bounds[-1] - bounds[-2]  # with hidden states on, every row of the last chunk is an output
+        return self._logits(last - n_logits if self.hidden_on else 0, n_logits)
 
     def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
         """Decode several sequences' tokens in ONE llama_decode: `parts` are (seq, tokens, n_logits,
@@ -236,11 +238,14 @@ class Model(VocabMethods):
             row += len(toks)
         if row:
             self._run_batch(row, tuple(s for s, _, _, _ in parts))
-        out, first = [], 0
-        for seq, toks, n_logits, _ in parts:
+        out, first, row = [], 0, 0
+        for seq, toks, n_logits, tail in parts:
             self.seq_tokens[seq].extend(toks)
+            if self.hidden_on:  # every row is an output: a part's logits rows are where its tokens are
+                first = row + len(toks) - tail - n_logits
             out.append(self._logits(first, n_logits))
             first += n_logits
+            row += len(toks)
         return out
 
     def _check_room(self, seq: int, n: int) -> None:
@@ -256,8 +261,8 @@ class Model(VocabMethods):
         end = row + n
         self._b_token[row:end] = tokens
         self._b_pos[row:end] = np.arange(p0, p0 + n, dtype=np.int32)
-        self._b_logits[row:end] = 0
-        if n_logits:
+        self._b_logits[row:end] = 1 if self.hidden_on else 0
+        if n_logits and not self.hidden_on:
             self._b_logits[end - tail - n_logits : end - tail] = 1
         if self.n_seq > 1:
             seq_id = self._batch.seq_id
@@ -292,9 +297,11 @@ class Model(VocabMethods):
         """llama.cpp's embeddings output on or off (engine/heads.py). With it on, every token of a batch is an
         output (its logits computed too), which a prompt's prefill must not pay: on for the decodes that need it."""
         self._C.llama_set_embeddings(self._context(), on)
+        self.hidden_on = on
 
     def hidden(self, n: int) -> np.ndarray:
-        """The last decode's n hidden states, as the output layer reads them (after the output norm): a copy."""
+        """The last decode's first n hidden states (every row of its batch, in order), as the output layer reads
+        them (after the output norm): a copy."""
         return np.ctypeslib.as_array(self._C.llama_get_embeddings(self._context()), shape=(n, self.n_embd)).copy()
 
     @property

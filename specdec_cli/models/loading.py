@@ -18,7 +18,7 @@ from specdec_cli.engine.heads import Heads
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.protocol import LoadedModel, ModelOpener
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.engine.settings import AUTO, HEADS, MODEL, NGRAM, NONE
+from specdec_cli.engine.settings import HEADS, MODEL, NGRAM, NONE
 from specdec_cli.errors import ConfigError, IncompatiblePairError, ModelFileError, UsageError
 from specdec_cli.models import registry
 
@@ -51,12 +51,12 @@ def choose_models(
     heads: Path | None = None,
 ) -> ModelChoice:
     """Which files to load for these options (nothing is loaded or downloaded here). The heads file is
-    `heads`, else the pair's; only a drafter that can use it (heads, auto) gets it."""
+    `heads`, else the pair's (kept unless the target runs alone: a request may ask for any drafter)."""
     choice = _choose_models(target, draft, pair, no_draft, drafter)
     heads = heads or (registry.load().get(choice.pair).heads if choice.pair else None)
     if drafter == HEADS and heads is None:
         raise UsageError("--drafter heads needs --heads FILE: train heads for the target with `specdec heads train`")
-    if heads is None or drafter not in (HEADS, AUTO):
+    if heads is None or drafter == NONE:
         return choice
     if not heads.is_file():
         raise ModelFileError(f"no heads file at {heads}: train one with `specdec heads train`")

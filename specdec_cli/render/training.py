@@ -62,15 +62,18 @@ def train_progress(totals: dict[str, int], enabled: bool) -> Iterator[Callable[[
 def epoch_line(ep: Epoch) -> str:
     acc = " ".join(f"{a:.0%}" for a in ep.accuracy)
     kept = "  (best so far: kept)" if ep.best else ""
-    return f"epoch {ep.epoch}: held-out loss {ep.loss:.3f}, accuracy by head {acc}, {ep.seconds:.0f} s{kept}"
+    return (f"epoch {ep.epoch}: held out, accuracy by head {acc}, {ep.run:.2f} tokens a draft adds "
+            f"(loss {ep.loss:.3f}), {ep.seconds:.0f} s{kept}")  # fmt: skip
 
 
-def result_table(accuracy: list[float], kept_epoch: int, seconds: dict[str, float], peak_mib: float) -> None:
+def result_table(accuracy: list[float], run: float, kept_epoch: int, seconds: dict[str, float],
+                 peak_mib: float) -> None:  # fmt: skip
     t = Table(title=f"heads kept from epoch {kept_epoch}: held-out accuracy (the top guess is the target's token)",
               title_justify="left", box=None, header_style="bold", pad_edge=False)  # fmt: skip
     for k in range(len(accuracy)):
         t.add_column(f"head {k + 1} (token +{k + 2})", justify="right")
-    t.add_row(*(f"{a:.1%}" for a in accuracy))
+    t.add_column("tokens a draft adds", justify="right")
+    t.add_row(*(f"{a:.1%}" for a in accuracy), f"{run:.2f}")
     err = Console(stderr=True, highlight=False)
     err.print(t)
     err.print("time: " + ", ".join(f"{LABELS[p]} {minutes(seconds[p])}" for p in PHASES if p in seconds)

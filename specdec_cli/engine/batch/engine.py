@@ -35,6 +35,7 @@ what else runs, and a seed must give the same text whatever runs beside it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -43,12 +44,15 @@ from specdec_cli.engine.batch.plan import Choice, Planner, ubatch_sizes
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
 from specdec_cli.engine.drafters.auto import AutoState
+from specdec_cli.engine.drafters.gate import ShadowScore
+from specdec_cli.engine.drafters.medusa import HeadsDrafter
 from specdec_cli.engine.drafters.pool import TokenPool
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import DrafterDropped, Prefill
+from specdec_cli.engine.heads import Heads
 from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.sampling import Dist
-from specdec_cli.engine.settings import AUTO, MODEL, NGRAM
+from specdec_cli.engine.settings import AUTO, HEADS, MODEL, NGRAM
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import InternalError, SpecdecError
 
@@ -60,7 +64,7 @@ class BatchEngine:
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, state: AutoState, *, ngram: tuple[int, int] = (2, 4),
                  model_k_max: int | None = None, draft_costs: BatchCosts | None = None, pool: TokenPool | None = None,
-                 on_step: Callable[[int, int, int], None] | None = None) -> None:  # fmt: skip
+                 on_step: Callable[[int, int, int], None] | None = None, heads: Heads | None = None) -> None:  # fmt: skip
         self.target = target
         self.draft = draft
         self.state = state
@@ -68,9 +72,14 @@ class BatchEngine:
         self.model_k_max = model_k_max
         self.on_step = on_step  # (slots in the batch, tokens in the batch, drafted tokens): for /metrics
         self.slots = [Slot(s, ngram=NgramDrafter(*ngram, pool=pool)) for s in range(target.n_seq)]
+        self.heads = heads
+        if heads is not None:  # each slot guesses from its own hidden state; what the guesses are worth is shared
+            for slot in self.slots:
+                slot.heads, slot.heads_shadow = HeadsDrafter(heads), ShadowScore(state.heads.tables)
         self.budget = target.n_batch
         self.planner = Planner(target, draft, state, draft_costs or BatchCosts(), n_slots=len(self.slots),
                                model_k_max=model_k_max, budget=self.budget)  # fmt: skip
+        self.target_hidden = False  # the target returns hidden states (set per step)
         self._waiting: list[BatchJob] = []
         self._cond = threading.Condition()
         self._closed = False
@@ -178,6 +187,9 @@ class BatchEngine:
         slot.t_prefill = 0.0
         slot.ngram.begin(job.prompt)
         slot.shadow.clear()
+        if slot.heads is not None and slot.heads_shadow is not None:
+            slot.heads.begin(job.prompt)
+            slot.heads_shadow.clear(keep=1.0)
         slot.draft_offset = 0
 
     def _finish(self, slot: Slot, error: BaseException | None = None) -> None:
@@ -234,9 +246,19 @@ class BatchEngine:
             toks, n_logits, _ = parts.get(seq, ([], 0, 0))
             parts[seq] = (toks + [self._filler_token(seq)] * n, n_logits, n)
         ordered = sorted(parts)
+        # hidden states for the heads: a step without prompt chunks only (with them on, every prompt token
+        # would be an output); a slot without one this step drafts from its lookup next step
+        hidden_on = self.heads is not None and not pre
+        if hidden_on != self.target_hidden:
+            self.target.set_hidden(hidden_on)
+            self.target_hidden = hidden_on
         tt0 = self.target.decode_seconds
         rows = self.target.decode_many([(seq, *parts[seq]) for seq in ordered])
         t_target = self.target.decode_seconds - tt0
+        hidden, at = None, {}
+        if hidden_on:
+            at = dict(zip(ordered, itertools.accumulate((len(parts[q][0]) for q in ordered), initial=0), strict=False))
+            hidden = self.target.hidden(sum(len(parts[q][0]) for q in ordered))
         by_seq = dict(zip(ordered, rows, strict=True))
         total = sum(len(parts[s][0]) for s in ordered)
         if len(ubatch_sizes([len(parts[s][0]) if s in parts else 0 for s in range(len(self.slots))],
@@ -274,6 +296,9 @@ class BatchEngine:
             if s.proposal.source == MODEL and s.proposal.tokens:
                 self.state.model.observe(len(s.proposal.tokens), n_acc)
             s.shadow.score(s.context)
+            if s.heads is not None and s.heads_shadow is not None:
+                s.heads.observe(None if hidden is None else hidden[at[s.seq] + n_acc], len(s.context))
+                s.heads_shadow.score(s.context)
             s.job._queue.put(step)
             if step.stop:
                 s.job.result.stop_reason = step.stop
@@ -302,7 +327,7 @@ class BatchEngine:
             assert s.job is not None
             if c is None or c.n == 0:
                 s.proposal = Proposal()
-            elif c.source == NGRAM:
+            elif c.source in (NGRAM, HEADS):
                 s.proposal = dataclasses.replace(s.lookup.cut(c.n), k=c.n)
             else:
                 drafting.append(s)

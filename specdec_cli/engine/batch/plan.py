@@ -22,10 +22,10 @@ from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, Slot
 from specdec_cli.engine.drafters import DraftRequest, Proposal
-from specdec_cli.engine.drafters.auto import AutoState
-from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, perfect_speedup
+from specdec_cli.engine.drafters.auto import AutoState, heads_wait
+from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, best_length, perfect_speedup
 from specdec_cli.engine.protocol import LoadedModel
-from specdec_cli.engine.settings import AUTO, MODEL, NGRAM, NONE
+from specdec_cli.engine.settings import AUTO, HEADS, MODEL, NGRAM, NONE
 
 WINDOW = 64  # a draft cache that fell further behind than this re-reads only the last WINDOW tokens
 FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this
@@ -190,10 +190,13 @@ class Planner:
         for s in gen:
             assert s.job is not None and s.gen is not None
             s.proposal = s.lookup = Proposal()
+            s.lookup_acc = s.shadow.acceptance
             if s.job.kind in (AUTO, NGRAM) and caps[s.seq]:
                 req = DraftRequest(s.context, caps[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
                 s.lookup = s.ngram.propose(req)  # free: every step, verified or not, for shadow scoring
                 s.shadow.propose(len(s.context), s.lookup.tokens, s.lookup.pool_match)
+            if s.job.kind in (AUTO, HEADS) and caps[s.seq]:
+                self._heads_lookup(s, caps[s.seq])
         self.predicted = None
         if not gen or not any(caps.values()):
             return {}
@@ -281,6 +284,26 @@ class Planner:
             self.predicted = value * sum(c.expected for c in chosen.values()) / fair_tokens(chosen) * MIN_GAIN / plain
         return chosen
 
+    def _heads_lookup(self, s: Slot, cap: int) -> None:
+        """The heads' guesses (drafters/medusa.py) replace the slot's lookup where they are worth more (for a
+        heads job, always). Heads that do not pay guess only now and then (auto.py's `heads_wait`)."""
+        h, score, st = s.heads, s.heads_shadow, self.state
+        assert s.job is not None and s.gen is not None
+        if h is None or score is None or not h.ready(len(s.context)):
+            return
+        if s.heads_wait > 0 and s.job.kind != HEADS:
+            s.heads_wait -= 1
+            return
+        guess = h.propose(DraftRequest(s.context, min(cap, h.heads.n_heads), s.job.config.sampler, s.gen.rng, s.gen.eog))
+        if st.learn_costs:
+            st.heads_seconds = st.heads_samples.add(h.guess_seconds)
+        score.propose(len(s.context), guess.tokens)
+        j, value = best_length(score.acceptance, st.costs, len(guess.tokens), st.heads_cost())
+        s.heads_wait = 0 if j else heads_wait(st)
+        lookup = best_length(s.shadow.acceptance, st.costs, len(s.lookup.tokens))[1]
+        if guess.tokens and (s.job.kind == HEADS or (j and value > lookup)):
+            s.lookup, s.lookup_acc = guess, score.acceptance
+
     def _lookup_gains(self, gen: list[Slot], caps: dict[int, int]) -> list[float]:
         """gains[J]: the most that J drafted lookup tokens in all can add to a step's expected tokens. A slot
         verifying j of its lookup's tokens emits E(j) = 1 + P(the first token right) + ... + P(the first j
@@ -288,7 +311,8 @@ class Planner:
         slots. With one pass over the len(gen) + J tokens as the least they cost, this bounds every plan
         of lookups (`plan`)."""
         terms = sorted((p for s in gen if s.lookup.tokens
-                        for p in s.shadow.acceptance.p_run(min(len(s.lookup.tokens), caps[s.seq]))), reverse=True)  # fmt: skip
+                        for p in (s.lookup_acc or s.shadow.acceptance).p_run(min(len(s.lookup.tokens), caps[s.seq]))),
+                       reverse=True)  # fmt: skip
         return list(itertools.accumulate(terms, initial=0.0))
 
     def _slot_choice(self, s: Slot, n: int, use_model: bool) -> Choice:
@@ -301,7 +325,7 @@ class Planner:
         best = Choice("plain", 0, 1.0)
         if n and s.lookup.tokens:
             j = min(n, len(s.lookup.tokens))
-            best = Choice(NGRAM, j, s.shadow.acceptance.expected(j))
+            best = Choice(s.lookup.source or NGRAM, j, (s.lookup_acc or s.shadow.acceptance).expected(j))
         if use_model and kind == AUTO and model_cap:
             e = self._model_expected(model_cap)
             if e > best.expected:

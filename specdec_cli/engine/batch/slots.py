@@ -12,6 +12,8 @@ import numpy as np
 
 from specdec_cli.engine.drafters import NgramDrafter, Proposal
 from specdec_cli.engine.drafters.gate import ShadowScore
+from specdec_cli.engine.drafters.medusa import HeadsDrafter
+from specdec_cli.engine.estimates import Acceptance
 from specdec_cli.engine.events import Event, Transcript
 from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.settings import GenerateOptions
@@ -26,7 +28,7 @@ class BatchJob:
 
     prompt: list[int]
     config: GenerateOptions
-    kind: str  # AUTO, MODEL, NGRAM or NONE
+    kind: str  # AUTO, MODEL, NGRAM, HEADS or NONE
     should_stop: Callable[[], bool] = lambda: False
     k_max: int = 8
     result: Transcript = field(init=False)
@@ -61,7 +63,11 @@ class Slot:
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
     shadow: ShadowScore = field(default_factory=ShadowScore)
     proposal: Proposal = field(default_factory=Proposal)  # what this step verifies
-    lookup: Proposal = field(default_factory=Proposal)  # this step's n-gram proposal, at the slot's cap
+    lookup: Proposal = field(default_factory=Proposal)  # this step's free proposal (n-gram or heads), at the cap
+    lookup_acc: Acceptance | None = None  # ... and the acceptance it is priced by
+    heads: HeadsDrafter | None = None  # the heads' guesses from this sequence's hidden state (drafters/medusa.py)
+    heads_shadow: ShadowScore | None = None  # their guesses scored (its tables shared by every slot)
+    heads_wait: int = 0  # steps until heads that did not pay guess again
 
     @property
     def generating(self) -> bool:

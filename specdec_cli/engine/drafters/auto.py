@@ -96,6 +96,11 @@ class AutoState:
         return self.draft_token_seconds / one
 
 
+def heads_wait(state: AutoState) -> int:
+    """Steps heads that do not pay skip between guesses: their guesses' time stays under SHADOW_SHARE."""
+    return max(0, math.ceil(state.heads_cost() / SHADOW_SHARE) - 1)
+
+
 class AutoDrafter:
     name: str = AUTO
     free = False
@@ -228,7 +233,7 @@ class AutoDrafter:
         hd = h.propose(dataclasses.replace(req, k=min(req.k, h.heads.n_heads)))
         if s.learn_costs:
             s.heads_seconds = s.heads_samples.add(h.guess_seconds)
-        self._heads_wait = math.ceil(s.heads_cost() / SHADOW_SHARE) - 1
+        self._heads_wait = heads_wait(s)
         s.heads.propose(len(req.context), hd.tokens)
         return hd
 

@@ -64,9 +64,11 @@ class ShadowScore:
     LONG_MATCH = 16
     LONG_PRIOR = 0.8
 
-    def __init__(self) -> None:
-        self.tables = {REPEAT: Acceptance(prior=self.LONG_PRIOR), LONG: Acceptance(prior=self.LONG_PRIOR),
-                       HIT: Acceptance(), MISS: Acceptance()}
+    def __init__(self, tables: dict[str, Acceptance] | None = None) -> None:
+        """`tables`: another score's, to learn into together (the heads' one table across the batch's slots)."""
+        self.tables = tables if tables is not None else {
+            REPEAT: Acceptance(prior=self.LONG_PRIOR), LONG: Acceptance(prior=self.LONG_PRIOR),
+            HIT: Acceptance(), MISS: Acceptance()}  # fmt: skip
         self.last_ok = False
         self.long = False  # the latest proposal continues a long pool match
         self.repeat = False  # ... one that covers the whole context: the text so far repeats an earlier one
