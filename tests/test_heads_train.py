@@ -22,13 +22,18 @@ def test_a_tiny_training_run_writes_heads_the_target_accepts(tmp_path: Path) -> 
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "a.txt").write_text("The lighthouse keeper climbed the stairs at dusk. " * 30)
     res = CliRunner().invoke(app, ["heads", "train", "--prompts", "4", "-n", "12", "--epochs", "2", "--parallel", "2",
-                                   "--from", str(tmp_path / "texts"), "--out", str(dest), "--json"])  # fmt: skip
+                                   "--from", str(tmp_path / "texts"), "--out", str(dest), "--json",
+                                   "--results", str(tmp_path / "r.json")])  # fmt: skip
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
     assert data["file"] == str(dest) and data["texts"] >= 5 and 0 < data["tokens"] <= data["texts"] * 12
     assert [e["epoch"] for e in data["epochs"]] == [1, 2] and data["kept_epoch"] in (1, 2)
     assert len(data["held_out_accuracy"]) == 3 and all(0 <= a <= 1 for a in data["held_out_accuracy"])
     assert set(data["seconds"]) == {"generate", "read", "fit"} and data["peak_memory_mib"] > 0
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["kind"] == "heads-train" and saved["held_out_run"] == data["held_out_run"]
+    assert saved["stamp"]["date"] and saved["stamp"]["cpu"]["cores"] >= 1
+    assert len(saved["stamp"]["models"]["target"]["sha256"]) == 64
     run = CliRunner().invoke(app, ["run", "Explain tides.", "-n", "24", "--json", "--drafter", "heads", "--heads",
                                    str(dest)])  # fmt: skip
     alone = CliRunner().invoke(app, ["run", "Explain tides.", "-n", "24", "--json", "--no-draft"])

@@ -48,12 +48,14 @@ def category_groups(prompts: Sequence[BenchPrompt]) -> list[str]:
 @dataclass(frozen=True)
 class BenchConfig:
     """`target`, `model:K` / `ngram:K` (fixed K), `model:auto` / `ngram:auto` (adaptive K up to a maximum),
-    `auto` / `auto:K` (the auto drafter, drafting at most K)."""
+    `auto` / `auto:K` (the auto drafter, drafting at most K), `auto:no-heads` (the auto drafter without the
+    heads --heads loaded: beside `auto`, what the heads add)."""
 
     name: str
     drafter: str | None
     k: int = 0
     adaptive: bool = False
+    heads: bool = True  # the Speculator's heads, when it has some, are the drafters' to use
 
 
 def parse_configs(text: str, model_k: int, ngram_k: int) -> list[BenchConfig]:
@@ -66,13 +68,13 @@ def parse_configs(text: str, model_k: int, ngram_k: int) -> list[BenchConfig]:
             out.append(BenchConfig(name, None))
             continue
         kind, _, arg = name.partition(":")
-        if kind == AUTO and not arg:
-            out.append(BenchConfig(name, AUTO, DEFAULT_K[AUTO], True))
+        if kind == AUTO and arg in ("", "no-heads"):
+            out.append(BenchConfig(name, AUTO, DEFAULT_K[AUTO], True, heads=not arg))
             continue
         if kind not in DRAFTERS or not arg or (kind == AUTO and arg == "auto"):
             raise BenchInputError(
                 f"unknown configuration {name!r}: use target, model:K, model:auto, ngram:K, ngram:auto, heads:K, heads:auto, "
-                "auto or auto:K"
+                "auto, auto:K or auto:no-heads"
             )
         if arg == "auto":
             out.append(BenchConfig(name, kind, model_k if kind == MODEL else ngram_k, True))
@@ -288,19 +290,25 @@ def run_one(
     spec: Speculator, cfg: BenchConfig, prompt: PromptTokens, options: GenerateOptions, costs: Costs | None = None
 ) -> RunRecord:
     """One configuration on one prompt, through the API (prompt name, category and repeat left blank)."""
-    run = spec.start(
-        prompt,
-        options,
-        drafter=cfg.drafter or NONE,
-        draft_max=max(cfg.k, 1),
-        adaptive=cfg.adaptive,
-        draft_p_min=options.draft_p_min if cfg.drafter in (MODEL, AUTO) else 0.0,
-    )
-    units = oracle = 0.0
-    for ev in run.events():
-        if costs is not None and isinstance(ev, Step):
-            u, o = step_units(ev, costs)
-            units, oracle = units + u, oracle + o
+    heads = spec.heads
+    if not cfg.heads:
+        spec.heads = None  # this run's drafter is made without them (drafting.py): restored below
+    try:
+        run = spec.start(
+            prompt,
+            options,
+            drafter=cfg.drafter or NONE,
+            draft_max=max(cfg.k, 1),
+            adaptive=cfg.adaptive,
+            draft_p_min=options.draft_p_min if cfg.drafter in (MODEL, AUTO) else 0.0,
+        )
+        units = oracle = 0.0
+        for ev in run.events():
+            if costs is not None and isinstance(ev, Step):
+                u, o = step_units(ev, costs)
+                units, oracle = units + u, oracle + o
+    finally:
+        spec.heads = heads
     g = run.generation
     return RunRecord(cfg.name, "", "", 0, g.token_ids, g.stats.generation_seconds, run.stats, units, oracle)
 

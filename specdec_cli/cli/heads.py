@@ -42,11 +42,17 @@ def train(
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the training texts.")] = 8,
     vocab: Annotated[int, typer.Option("--vocab", help="Draftable tokens at most (the most frequent).")] = 4096,
     parallel: Annotated[int, typer.Option("--parallel", help="Texts generated at once, in one batch.")] = 8,
+    results: Annotated[
+        Path | None,
+        typer.Option("--results", help="Also write a results file (JSON): what --json prints, stamped with the "
+                     "date, commit, CPU, threads and the target's sha256.", show_default=False),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Train Medusa heads for a target on its own greedy answers, on this machine; then
     `specdec run --heads FILE` (or `heads = "FILE"` in a models.toml pair)."""
     from specdec_cli import api, heads_training
+    from specdec_cli.engine.native import usable_cores
     from specdec_cli.engine.settings import MAX_PARALLEL, NONE, check_load
     from specdec_cli.errors import UsageError
     from specdec_cli.models import loading
@@ -65,8 +71,13 @@ def train(
             raise UsageError("heads are trained for the target alone: drop --draft")
         choice = loading.choose_models(models.target, None, models.pair, no_draft=True, drafter=NONE)
         dest = out_file or Path(f"{choice.target.stem}.heads.gguf")
-        if not dest.parent.is_dir():
-            raise UsageError(f"{dest}: no folder {dest.parent}")
+        for path in (dest, results):
+            if path is not None and not path.parent.is_dir():
+                raise UsageError(f"{path}: no folder {path.parent}")
+        if results is not None:
+            from specdec_cli.bench import stamp
+
+            stamp.started()
         n_ctx = heads_training.PASSAGE_TOKENS + max_tokens + 512  # room for a chat-templated prompt
         check_load(n_ctx=n_ctx, n_threads=runtime.threads, parallel=parallel)
         plan = heads_training.Plan(prompts, max_tokens, n_heads, vocab, epochs, parallel)
@@ -123,6 +134,13 @@ def train(
                "held_out_accuracy": kept["held_out_accuracy"], "held_out_run": kept["held_out_run"], "interrupted": result.interrupted,
                "seconds": {k: round(v, 2) for k, v in seconds.items()},
                "estimate_seconds": round(est.total, 1), "peak_memory_mib": round(peak)}  # fmt: skip
+    if results is not None:
+        with out.errors():
+            try:
+                stamp.write(results, "heads-train", stamp.stamp(threads=runtime.threads or usable_cores(),
+                                                                model_files={"target": choice.target}), payload)  # fmt: skip
+            except OSError as exc:
+                raise UsageError(f"cannot write --results {results}: {exc.strerror or exc}") from None
 
     def human() -> None:
         result_table(kept["held_out_accuracy"], kept["held_out_run"], kept["kept_epoch"], seconds, peak)
