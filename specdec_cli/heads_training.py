@@ -102,6 +102,7 @@ class Epoch:
     loss: float  # held-out mean cross-entropy over the heads (labels inside the subset)
     accuracy: list[float]  # held out, per head: the top guess is the label (outside the subset: a miss)
     run: float  # held out: tokens a draft of every head adds, on average (`heads.expected_run`)
+    chain: list[float]  # held out: P(heads 1..j all right), j = 1..K (`heads.chain_rates`)
     seconds: float
     best: bool
 
@@ -236,11 +237,12 @@ def fit(target: LoadedModel, hidden: list[np.ndarray], labels: list[np.ndarray],
 
             H.train(heads, h_tr, l_tr, 1, seed=e, on_step=step, opt=opt)
             done += per_epoch
-            run = H.expected_run(heads, h_te, l_te)
+            chain = H.chain_rates(heads, h_te, l_te)
+            run = sum(chain)
             is_best = run > best_run
             if is_best:
                 best, best_run = copy.deepcopy(heads), run
-            ep = Epoch(e + 1, held_out_loss(heads, h_te, l_te), H.accuracy(heads, h_te, l_te), run,
+            ep = Epoch(e + 1, held_out_loss(heads, h_te, l_te), H.accuracy(heads, h_te, l_te), run, chain,
                        time.perf_counter() - t0, is_best)  # fmt: skip
             history.append(ep)
             on_epoch(ep)
@@ -257,7 +259,7 @@ def _finish(best: H.Heads, history: list[Epoch], plan: Plan, n_train: int, n_hel
     kept = max((e for e in history if e.best), key=lambda e: e.run)
     best.settings = {
         "epochs": len(history), "kept_epoch": kept.epoch, "held_out_loss": round(kept.loss, 4),
-        "held_out_run": round(kept.run, 4),
+        "held_out_run": round(kept.run, 4), "held_out_chain": [round(c, 4) for c in kept.chain],
         "held_out_accuracy": [round(a, 4) for a in kept.accuracy], "texts": n_train + n_held, "held_out_texts": n_held,
         "max_tokens": plan.max_tokens, "vocab": int(best.subset.size), "learning_rate": H.LEARNING_RATE,
         "batch": H.BATCH, "interrupted": interrupted,

@@ -241,10 +241,12 @@ def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Mo
     path = tmp_path / "h.gguf"
     heads.save(path)
     with api.load(smol.path, n_ctx=512, parallel=4, heads=path) as par:
+        def one(i: int, drafter: str, out: dict[int, api.Generation]) -> None:
+            out[i] = par.generate(prompts[i], max_tokens=40, drafter=drafter)
+
         for drafter in ("heads", "auto"):
             out: dict[int, api.Generation] = {}
-            threads = [threading.Thread(target=lambda i=i: out.__setitem__(
-                i, par.generate(prompts[i], max_tokens=40, drafter=drafter))) for i in range(len(prompts))]  # fmt: skip
+            threads = [threading.Thread(target=one, args=(i, drafter, out)) for i in range(len(prompts))]
             for t in threads:
                 t.start()
             for t in threads:

@@ -131,7 +131,8 @@ def train(
     payload = {"file": str(dest), "target": str(choice.target), "texts": len(texts),
                "tokens": sum(len(t.output) for t in texts), "n_heads": n_heads, "vocab": int(result.heads.subset.size),
                "epochs": [vars(e) for e in result.epochs], "kept_epoch": kept["kept_epoch"],
-               "held_out_accuracy": kept["held_out_accuracy"], "held_out_run": kept["held_out_run"], "interrupted": result.interrupted,
+               "held_out_accuracy": kept["held_out_accuracy"], "held_out_run": kept["held_out_run"],
+               "held_out_chain": kept["held_out_chain"], "interrupted": result.interrupted,
                "seconds": {k: round(v, 2) for k, v in seconds.items()},
                "estimate_seconds": round(est.total, 1), "peak_memory_mib": round(peak)}  # fmt: skip
     if results is not None:

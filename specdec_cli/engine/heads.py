@@ -276,13 +276,20 @@ def index_labels(heads: Heads, labels: np.ndarray) -> np.ndarray:
     return table[labels]  # a label of -1 reads the table's last entry: -1
 
 
-def expected_run(heads: Heads, hidden: np.ndarray, labels: np.ndarray) -> float:
-    """Mean over positions of how many heads in a row, from head 1, guess right: the tokens a draft of all
-    the heads adds when the target verifies it greedily (positions whose labels run past the text end count
-    only the heads that have one: a miss)."""
+def chain_rates(heads: Heads, hidden: np.ndarray, labels: np.ndarray) -> list[float]:
+    """P(heads 1..j all guess right), j = 1..K, over the positions: a greedy draft of j guesses is accepted
+    whole that often (a label past the text's end is a miss)."""
+    if not hidden.shape[0]:
+        return [0.0] * heads.n_heads
     right = np.stack([heads.subset[np.argmax(heads.logits(k, hidden), axis=1)] == labels[k]
                       for k in range(heads.n_heads)])  # fmt: skip
-    return float(np.cumprod(right, axis=0).sum(axis=0).mean()) if hidden.shape[0] else 0.0
+    return [float(x) for x in np.cumprod(right, axis=0).mean(axis=1)]
+
+
+def expected_run(heads: Heads, hidden: np.ndarray, labels: np.ndarray) -> float:
+    """Mean over positions of how many heads in a row, from head 1, guess right: the tokens a draft of all
+    the heads adds when the target verifies it greedily."""
+    return sum(chain_rates(heads, hidden, labels))
 
 
 def train(heads: Heads, hidden: np.ndarray, labels: np.ndarray, epochs: int, *, seed: int = 0,
