@@ -357,6 +357,44 @@ def planted_bug(name: str, base: str = "results/") -> str:
     return render(d, name, body, base, None)
 
 
+# ------------------------------------------------------------------ specdec heads train
+def heads_train(names: Sequence[str], base: str = "results/") -> str:
+    """Per training run: the data, held-out accuracy by head, the tokens a draft adds, time and memory."""
+    files = [(n, load(n)) for n in names]
+    k = max(len(d["held_out_accuracy"]) for _, d in files)
+    rows = []
+    for _, d in files:
+        s = d["seconds"]
+        target = d["stamp"]["models"]["target"]["file"]
+        rows.append([f"`{target}`", str(d["texts"]), f"{d['tokens']:,}", f"{d['vocab']:,}",
+                     f"{d['kept_epoch']} of {len(d['epochs'])}", *(pct(a) for a in d["held_out_accuracy"]),
+                     f2(d["held_out_run"]), f"{s['generate'] / 60:.1f} + {s['read'] / 60:.1f} + {s['fit'] / 60:.1f} "
+                     f"= **{sum(s.values()) / 60:.1f} min**", f"{d['peak_memory_mib']:,} MiB"])  # fmt: skip
+    header = ["target", "texts", "tokens generated", "draftable tokens", "epoch kept",
+              *(f"head {i + 1} (token +{i + 2})" for i in range(k)), "tokens a draft adds",
+              "time: generate + read + fit", "peak memory"]  # fmt: skip
+    captions = "\n\n".join(caption(d, n, base) for n, d in files)
+    return f"{table(header, rows)}\n\n{captions}\n"
+
+
+def heads_bound(bench_name: str, train_name: str) -> str:
+    """What drafts of the heads could give under a bench run's measured costs: at the held-out chain rates
+    of the training run, and with every guess right (drafting free in both)."""
+    costs, chain = load(bench_name)["costs"], load(train_name)["held_out_chain"]
+    c = {int(b): v for b, v in costs["verify"].items()}
+    at = [(1 + sum(chain[:j])) / c[j + 1] for j in range(1, len(chain) + 1) if j + 1 in c]
+    best = max(range(len(at)), key=lambda j: at[j])
+    perfect = max((j + 1) / c[j + 1] for j in range(1, len(chain) + 1) if j + 1 in c)
+    return (f"Under the costs [{bench_name}](results/{bench_name}) measured (one target token "
+            f"{costs['target_ms']:.1f} ms; verifying 2, 3, 4 tokens costs "
+            + ", ".join(f2(c[b]) for b in (2, 3, 4) if b in c)
+            + f" single decodes), heads guessing as they did on held-out text "
+            f"([{train_name}](results/{train_name}): all of the first j right "
+            + ", ".join(pct(x) for x in chain)
+            + f") can give at most **{at[best]:.2f}x** the target alone (drafting {best + 1}, guesses free); "
+            f"heads that were always right, {perfect:.2f}x.\n")
+
+
 def kept() -> list[str]:
     """Every results file kept in docs/results/."""
     return sorted(p.name for p in RESULTS.glob("*.json")) if RESULTS.is_dir() else []

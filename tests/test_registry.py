@@ -56,7 +56,7 @@ def test_invalid_toml_names_file_line_and_column(tmp_path: Path) -> None:
 def test_missing_field_names_file_line_and_field(tmp_path: Path) -> None:
     f = tmp_path / "models.toml"
     f.write_text('# comment\n\n[pairs.a]\ndescription = "x"\ntarget = { path = "t.gguf" }\n')
-    with pytest.raises(ConfigError, match=rf"^{f}:3: \[pairs.a\] is missing the field 'draft'"):
+    with pytest.raises(ConfigError, match=rf"^{f}:3: \[pairs.a\] needs a 'draft' model, a 'heads' file"):
         registry.load(f)
 
 
@@ -143,3 +143,26 @@ def test_a_hand_fetched_file_in_the_models_dir_is_found() -> None:
     assert registry.on_disk(pair.draft) == dest
     assert registry.resolve(pair.draft, pair.name, "draft") == dest
     assert registry.on_disk(pair.target) is None
+
+
+def test_a_pair_may_name_heads_instead_of_a_draft(tmp_path: Path) -> None:
+    """heads = a file relative to the models.toml that names it; no draft: auto and heads run, model is refused."""
+    from specdec_cli.errors import UsageError
+    from specdec_cli.models import loading
+
+    target = tmp_path / "t.gguf"
+    path = user_file(f'[pairs.solo]\ndescription = "heads only"\ntarget = {{ path = "{target}" }}\nheads = "t.heads.gguf"\n')
+    pair = registry.load().get("solo")
+    assert pair.draft is None and pair.heads == path.parent / "t.heads.gguf"
+    assert [r for r, _ in pair.sources()] == ["target"]
+    status = registry.PairStatus.of(pair)
+    assert status.as_dict(None)["draft"] is None and status.state == "no"  # the target is not on disk
+    target.write_bytes(b"x")
+    assert registry.PairStatus.of(pair).state == "yes"
+    with pytest.raises(UsageError, match="has no draft model"):
+        loading.choose_models(None, None, "solo", no_draft=False, drafter="model")
+    with pytest.raises(ModelFileError, match="no heads file"):
+        loading.choose_models(None, None, "solo", no_draft=False, drafter="auto")
+    (path.parent / "t.heads.gguf").write_bytes(b"x")
+    choice = loading.choose_models(None, None, "solo", no_draft=False, drafter="auto")
+    assert choice.draft is None and choice.heads == path.parent / "t.heads.gguf"

@@ -80,8 +80,9 @@ def models_path(
         raise usage_error(f"--role must be target or draft, not {role!r}")
     with user_errors():
         pair = registry.load().get(name)
-        roles = [r for r in ("target", "draft") if role in (None, r)]
-        paths = [registry.resolve(getattr(pair, r), pair.name, r) for r in roles]
+        if role == "draft" and pair.draft is None:
+            raise ModelFileError(f"pair {pair.name!r} has no draft model (it drafts with its heads)")
+        paths = [registry.resolve(src, pair.name, r) for r, src in pair.sources() if role in (None, r)]
         for p in paths:
             if not p.is_file():
                 raise ModelFileError(f"pair {pair.name!r}: {p} does not exist")
@@ -113,8 +114,7 @@ def models_pull(
     with user_errors(on_error=sink.finish):
         pair = registry.load().get(name)
         try:
-            for role in ("target", "draft"):
-                src = getattr(pair, role)
+            for role, src in pair.sources():
                 if src.repo:
                     already = hub.local_path(src.hub_file())
                     if already is None:

@@ -90,6 +90,10 @@ def _choose_models(
     t = registry.resolve(entry.target, entry.name, "target")
     if drafter in (NGRAM, HEADS, NONE) or no_draft:
         return ModelChoice(t, None, entry.name, None)
+    if entry.draft is None:
+        if drafter == MODEL:
+            raise UsageError(f"pair {entry.name!r} has no draft model (it drafts with its heads): use --drafter auto or heads")
+        return ModelChoice(t, None, entry.name, None)
     return ModelChoice(t, registry.resolve(entry.draft, entry.name, "draft"), entry.name, entry.draft_max)
 
 

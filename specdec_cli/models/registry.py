@@ -23,7 +23,7 @@ from specdec_cli.models import hub
 SOURCE_KEYS = ("packaged", "repo", "path")
 SOURCE_FIELDS = {"packaged", "requantize", "repo", "file", "revision", "path", "sha256", "size_gb", "unverified"}
 PAIR_FIELDS = {"description", "target", "draft", "draft_max", "heads", "notes"}
-REQUIRED = ("description", "target", "draft")
+REQUIRED = ("description", "target")  # and a draft, or heads, or both
 MAX_SIZE_GB = 10_000.0
 
 
@@ -80,11 +80,15 @@ class Pair:
     name: str
     description: str
     target: Source
-    draft: Source
+    draft: Source | None  # None: the pair drafts with its heads (and the lookup) only
     draft_max: int = 4
     notes: str = ""
     origin: Path = field(default_factory=Path)
     heads: Path | None = None  # Medusa heads for the target (`specdec heads train`), a local file
+
+    def sources(self) -> list[tuple[str, Source]]:
+        """(role, source) of its model files: the target, and the draft when it has one."""
+        return [("target", self.target), *([("draft", self.draft)] if self.draft is not None else [])]
 
 
 def _heads_path(text: str | None, origin: Path) -> Path | None:
@@ -233,6 +237,8 @@ def parse(text: str, origin: Path) -> Registry:
         for required in REQUIRED:
             if required not in entry:
                 raise ConfigError(f"{at}: {where} is missing the field '{required}'")
+        if "draft" not in entry and "heads" not in entry:
+            raise ConfigError(f"{at}: {where} needs a 'draft' model, a 'heads' file (`specdec heads train`), or both")
         unknown = set(entry) - PAIR_FIELDS
         if unknown:
             raise ConfigError(f"{at}: {where} has unknown field(s): {', '.join(sorted(unknown))}")
@@ -250,7 +256,7 @@ def parse(text: str, origin: Path) -> Registry:
             name=name,
             description=entry["description"],
             target=_source(entry["target"], name, "target", origin, lines),
-            draft=_source(entry["draft"], name, "draft", origin, lines),
+            draft=_source(entry["draft"], name, "draft", origin, lines) if "draft" in entry else None,
             draft_max=draft_max,
             notes=entry.get("notes", ""),
             origin=origin,
@@ -343,8 +349,8 @@ class PairStatus:
 
     @staticmethod
     def of(pair: Pair) -> PairStatus:
-        e = PairStatus(pair, on_disk(pair.target), on_disk(pair.draft))
-        for role, src in (("target", pair.target), ("draft", pair.draft)):
+        e = PairStatus(pair, on_disk(pair.target), on_disk(pair.draft) if pair.draft else None)
+        for role, src in pair.sources():
             if src.repo:
                 setattr(e, f"{role}_url", hub.file_url(src.hub_file()))
                 kept = hub.partial_bytes(src.hub_file()) if getattr(e, f"{role}_path") is None else 0
@@ -355,12 +361,12 @@ class PairStatus:
     @property
     def state(self) -> str:
         ready = [
-            path is not None or bool(src.requantize)  # a requantized draft is built offline on first use
+            src is None or path is not None or bool(src.requantize)  # a requantized draft is built offline on first use
             for path, src in ((self.target_path, self.pair.target), (self.draft_path, self.pair.draft))
         ]
         state = {(True, True): "yes", (True, False): "target only", (False, True): "draft only"}.get(
             (ready[0], ready[1]), "no"
-        )
+        ) if self.pair.draft is not None else "yes" if ready[0] else "no"
         if self.partial:
             state += " (partial download kept)"
         return state
@@ -389,5 +395,6 @@ class PairStatus:
             "origin": str(p.origin),
             "on_disk": self.state,
             "target": source(p.target, self.target_path, self.target_url),
-            "draft": source(p.draft, self.draft_path, self.draft_url),
+            "draft": source(p.draft, self.draft_path, self.draft_url) if p.draft else None,
+            "heads": str(p.heads) if p.heads else None,
         }

@@ -35,9 +35,10 @@ def models_table(entries: list[PairStatus], *, default: str | None, files: list[
         t.add_column(col, no_wrap=col != "draft" and col != "target", overflow="fold")
     for e in entries:
         name = Text(e.pair.name + (" (default)" if e.pair.name == default else ""))
-        size = f"{_size(e.pair.target.size_gb, e.target_path)} + {_size(e.pair.draft.size_gb, e.draft_path)}"
+        d = e.pair.draft
+        size = _size(e.pair.target.size_gb, e.target_path) + (f" + {_size(d.size_gb, e.draft_path)}" if d else "")
         state = Text(e.state, style="green" if e.state == "yes" else "yellow" if e.state != "no" else "")
-        t.add_row(name, e.pair.target.short(), e.pair.draft.short(), size, state)
+        t.add_row(name, e.pair.target.short(), d.short() if d else "(heads only)", size, state)
     console.print(t)
     shown = ", ".join(str(f) for f in files)
     console.print(f"from {shown}; your pairs go in {user_file}", style="dim")
@@ -53,9 +54,11 @@ def model_show(e: PairStatus, *, default: str | None) -> None:
     if p.notes:
         console.print(Text(p.notes, style="dim"))
     console.print(f"recommended draft-max: {p.draft_max}    defined in: {p.origin}")
+    if p.heads:
+        console.print(f"heads: {p.heads}" + ("" if p.heads.is_file() else "  (not there yet: `specdec heads train`)"))
     for role, src, path, url in (
         ("target", p.target, e.target_path, e.target_url),
-        ("draft", p.draft, e.draft_path, e.draft_url),
+        *([("draft", p.draft, e.draft_path, e.draft_url)] if p.draft else []),
     ):
         console.print(Text(f"{role}: {src.describe()}", style="bold"))
         if url:
