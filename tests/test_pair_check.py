@@ -133,9 +133,27 @@ def test_usage_errors() -> None:
     assert runner.invoke(app, ["pair-check", "a.gguf", "b.gguf", "--pair", "x"]).exit_code == 2
 
 
-def test_probe_predicts_and_measures(smol_path: Path, smol_q2k_path: Path) -> None:
-    code, out, _ = check(str(smol_path), str(smol_q2k_path), "--probe", "--threads", "2")
+def test_probe_predicts_and_measures(smol_path: Path, smol_q2k_path: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from specdec_cli.engine import heads as H
+    from specdec_cli.engine.drafters.pool import vocab_fingerprint
+    from specdec_cli.engine.model import Model
+
+    with Model(smol_path, vocab_only=True) as m:
+        fingerprint = vocab_fingerprint(m.vocab_info().texts)
+    subset = np.arange(0, 4000, dtype=np.int32)
+    H.Heads.initial(2, H.output_rows(smol_path, subset), subset, fingerprint).save(tmp_path / "h.gguf")
+    code, out, _ = check(str(smol_path), str(smol_q2k_path), "--probe", "--threads", "2", "--heads", str(tmp_path / "h.gguf"))
     assert code == 0
+    h = out["heads_probe"]  # the heads measured as the draft is: a chain of right guesses, never rising
+    assert len(h["chain"]) == 2 and 0 <= h["chain"][1] <= h["chain"][0] <= 1 and h["n_positions"] > 100
+    assert [r["k"] for r in h["predictions"]] == [1, 2] and h["guess_cost"] > 0
+    for r in h["predictions"]:
+        e = 1 + sum(h["chain"][: r["k"]])
+        assert r["tokens_per_step"] == pytest.approx(e)
+        assert r["speedup"] == pytest.approx(e / (h["guess_cost"] + r["verify_cost"]))
+    assert h["recommended_k"] == max(h["predictions"], key=lambda r: r["speedup"])["k"] and h["base_tps"] > 0
     p = out["probe"]
     assert 0.3 < p["acceptance"] <= 1.0  # the Q2_K draft agrees with its Q4_1 source most of the time
     assert [r["k"] for r in p["predictions"]] == list(range(1, 9))
@@ -148,6 +166,11 @@ def test_probe_predicts_and_measures(smol_path: Path, smol_q2k_path: Path) -> No
         e = (1 - a ** (k + 1)) / (1 - a)
         assert r["tokens_per_step"] == pytest.approx(e)
         assert r["speedup"] == pytest.approx(e / (k * p["draft_cost"] + r["verify_cost"]))
+
+
+def test_heads_are_probed_only_with_probe(smol_path: Path, smol_q2k_path: Path) -> None:
+    res = runner.invoke(app, ["pair-check", str(smol_path), str(smol_q2k_path), "--heads", "h.gguf"])
+    assert res.exit_code == 2 and "add --probe" in res.stderr
 
 
 def test_memory_warning_when_the_pair_will_not_fit(smol_path: Path, smol_q2k_path: Path) -> None:

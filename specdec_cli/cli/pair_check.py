@@ -25,6 +25,11 @@ def pair_check(
             "recommend K, and check it.",
         ),
     ] = False,
+    heads: Annotated[
+        Path | None,
+        typer.Option("--heads", help="With --probe, also probe these Medusa heads for the target (`specdec heads "
+                     "train`): their acceptance by position, cost, predicted and measured speedup.", show_default=False),
+    ] = None,
     *,
     runtime: RuntimeOptions,
     json_out: JsonOpt = False,
@@ -38,6 +43,8 @@ def pair_check(
         raise usage_error("give either TARGET DRAFT or --pair NAME, not both")
     if not pair and not (target and draft):
         raise usage_error("give TARGET and DRAFT paths, or --pair NAME")
+    if heads is not None and not probe:
+        raise usage_error("--heads is probed: add --probe")
 
     from specdec_cli import pairs
     from specdec_cli.engine import native
@@ -51,7 +58,7 @@ def pair_check(
         choice = loading.choose_models(target, draft, pair, no_draft=False)
         assert choice.draft is not None
         report = pairs.inspect_pair(choice.target, choice.draft, runtime.ctx_size)
-        probe_result = None
+        probe_result = heads_result = None
         if probe and report.verdict.ok:
             from specdec_cli import api
             from specdec_cli.pairs import probe as probe_mod
@@ -64,16 +71,19 @@ def pair_check(
                 n_gpu_layers=runtime.gpu_layers,
                 draft_gpu_layers=runtime.draft_gpu_layers,
                 verbose=runtime.verbose,
+                heads=heads,
                 **runtime.rpc_kwargs(),
             ) as spec:
                 probe_result = probe_mod.run_probe(spec)
+                if heads is not None:
+                    heads_result = probe_mod.run_heads_probe(spec)
 
     def human() -> None:
         from specdec_cli.render.reports import pair_report
 
-        pair_report(report, probe_result)
+        pair_report(report, probe_result, heads=heads_result)
 
-    out.result(report.as_dict(probe_result), human)
+    out.result(report.as_dict(probe_result, heads_result), human)
     if not report.fits:
         available = report.memory_available / 2**20 if report.memory_available else 0
         out.warning(

@@ -182,9 +182,10 @@ class PairReport:
     def fits(self) -> bool:
         return self.memory_available is None or self.memory_needed <= self.memory_available
 
-    def as_dict(self, probe: Any = None) -> dict[str, Any]:
+    def as_dict(self, probe: Any = None, heads: Any = None) -> dict[str, Any]:
         """`pair-check --json` (byte strings as text); `probe`: `--probe`'s result (probe.ProbeResult, which
-        runs generations through the API: this module, below the API, does not import it)."""
+        runs generations through the API: this module, below the API, does not import it); `heads`: the
+        heads' (probe.HeadsProbeResult), with `--heads`."""
         payload: dict[str, Any] = _plain(dataclasses.asdict(self))
         payload["verdict"] = self.verdict.verdict
         payload["reason"] = self.verdict.reason
@@ -192,6 +193,8 @@ class PairReport:
         payload["cross"] = None if c is None else _plain(dataclasses.asdict(c))
         payload["fits_in_memory"] = self.fits
         payload["probe"] = _plain(dataclasses.asdict(probe)) if probe else None
+        if heads is not None:
+            payload["heads_probe"] = _plain(dataclasses.asdict(heads))
         return payload
 
 

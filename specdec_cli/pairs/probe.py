@@ -15,6 +15,7 @@ give both speeds.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,8 @@ import numpy as np
 from specdec_cli.api import Generation, Speculator
 from specdec_cli.engine.costs import batch_costs, median_decode_seconds
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, step_speedup
-from specdec_cli.engine.settings import MODEL, NONE
+from specdec_cli.engine.heads import chain_rates, decode_hidden, targets_for
+from specdec_cli.engine.settings import HEADS, MODEL, NONE
 
 PROBE_PROMPTS = {
     "code": "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -131,3 +133,62 @@ def run_probe(spec: Speculator, *, n_tokens: int = 48) -> ProbeResult:
         spec_tps=spec_tps,
         base_tps=base_tps,
     )
+
+
+@dataclass(frozen=True)
+class HeadsProbeResult:
+    """`pair-check --probe --heads`: the heads measured as the draft is, a draft of k guesses per step."""
+
+    chain: list[float]  # P(heads 1..j all right) along the target's greedy output, j = 1..K
+    n_positions: int
+    guess_cost: float  # a guess of every head, in target tokens
+    target_ms: float
+    predictions: list[Prediction]
+    recommended_k: int
+    predicted_speedup: float
+    measured_speedup: float
+    measured_acceptance: float
+    spec_tps: float
+    base_tps: float
+
+
+def run_heads_probe(spec: Speculator, *, n_tokens: int = 48) -> HeadsProbeResult:
+    """The heads' guesses scored along the target's own greedy answers to the probe prompts (hidden states read
+    once more with the embeddings output on), their time, the speedup predicted per draft length
+    E(k) / (c_guess + c_verify(k+1)), and the recommended length run for real with `--drafter heads`."""
+    heads, target = spec.heads, spec.target
+    assert heads is not None, "the heads probe needs heads"
+    prompts = [spec.tokenize(text) for text in PROBE_PROMPTS.values()]
+    base = [spec.generate(p, drafter=NONE, max_tokens=n_tokens) for p in prompts]
+    hidden, labels = [], []
+    for prompt, g in zip(prompts, base, strict=True):
+        if not g.token_ids:
+            continue
+        text = np.array(prompt.ids + g.token_ids, np.int64)
+        target.rollback(0)
+        h = decode_hidden(target, list(text))[1]
+        start = len(prompt.ids) - 1  # the state that gave the first answer token
+        hidden.append(h[start:])
+        labels.append(targets_for(text, heads.n_heads)[:, start:])
+    target.rollback(0)
+    h_all = np.concatenate(hidden) if hidden else np.zeros((0, heads.n_embd), np.float32)
+    chain = chain_rates(heads, h_all, np.concatenate(labels, axis=1) if labels else np.zeros((heads.n_heads, 0)))
+    ctx, probe_ids = prompts[0].ids, prompts[-1].ids[: heads.n_heads + 1]
+    t1, verify = batch_costs(target, ctx, probe_ids, heads.n_heads + 1)
+    row = h_all[0] if len(h_all) else np.zeros(heads.n_embd, np.float32)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        heads.guess(row, heads.n_heads)
+    guess = (time.perf_counter() - t0) / 20 / t1
+    costs = BatchCosts(verify)
+    preds = []
+    for k in range(1, heads.n_heads + 1):
+        e = 1.0 + sum(chain[:k])
+        preds.append(Prediction(k, costs.relative(k + 1), e, e / (guess + costs.relative(k + 1))))
+    best = max(preds, key=lambda p: p.speedup)
+    runs = [spec.generate(p, drafter=HEADS, draft_max=best.k, adaptive=False, max_tokens=n_tokens) for p in prompts]
+    drafted, accepted = sum(g.stats.drafted for g in runs), sum(g.stats.accepted for g in runs)
+    base_tps, spec_tps = _throughput(base), _throughput(runs)
+    return HeadsProbeResult(chain, len(h_all), guess, t1 * 1000, preds, best.k, best.speedup,
+                            spec_tps / base_tps if base_tps else 0.0, accepted / drafted if drafted else 0.0,
+                            spec_tps, base_tps)  # fmt: skip

@@ -18,7 +18,7 @@ from specdec_cli.render import no_color, pct, visible
 if TYPE_CHECKING:
     from specdec_cli.bench.core import Costs, Summary
     from specdec_cli.pairs import PairReport
-    from specdec_cli.pairs.probe import ProbeResult
+    from specdec_cli.pairs.probe import HeadsProbeResult, ProbeResult
 
 # ---------------------------------------------------------------- pair-check
 VERDICT_STYLE = {
@@ -37,7 +37,8 @@ def _mb(n: int) -> str:
     return f"{n / 1024 / 1024:,.0f} MB"
 
 
-def pair_report(report: PairReport, probe: ProbeResult | None = None, console: Console | None = None) -> None:
+def pair_report(report: PairReport, probe: ProbeResult | None = None, console: Console | None = None,
+                heads: HeadsProbeResult | None = None) -> None:  # fmt: skip
     """The pair-check report, on stdout."""
     console = console or Console(highlight=False, no_color=no_color())
     t, d = report.target, report.draft
@@ -99,6 +100,8 @@ def pair_report(report: PairReport, probe: ProbeResult | None = None, console: C
         )
     if probe is not None:
         probe_table(console, probe)
+    if heads is not None:
+        heads_probe_table(console, heads)
     console.print(Text.assemble("verdict: ", (v.verdict, VERDICT_STYLE[v.verdict]), f" ({v.reason})"), soft_wrap=True)
 
 
@@ -127,6 +130,25 @@ def probe_table(console: Console, probe: ProbeResult) -> None:
             "cheap enough for its acceptance rate; use --no-draft, or a smaller draft",
             style="yellow",
         )
+
+
+def heads_probe_table(console: Console, probe: HeadsProbeResult) -> None:
+    chain = ", ".join(f"{c:.0%}" for c in probe.chain)
+    console.print(f"heads: all of the first j guesses right {chain} (j = 1..{len(probe.chain)}) over "
+                  f"{probe.n_positions} positions; a guess costs {probe.guess_cost:.3f} target tokens")  # fmt: skip
+    t = Table(title="heads: predicted speedup by draft length K", title_justify="left", header_style="bold")
+    for col in ("K", "verify cost", "tokens/step", "predicted speedup"):
+        t.add_column(col, justify="right")
+    for row in probe.predictions:
+        style = "bold" if row.k == probe.recommended_k else None
+        t.add_row(str(row.k), f"{row.verify_cost:.2f}", f"{row.tokens_per_step:.2f}", f"{row.speedup:.2f}x", style=style)
+    console.print(t)
+    console.print(f"heads, K = {probe.recommended_k}: predicted {probe.predicted_speedup:.2f}x, measured "
+                  f"{probe.measured_speedup:.2f}x ({probe.measured_acceptance:.0%} accepted, {probe.spec_tps:.1f} vs "
+                  f"{probe.base_tps:.1f} tokens/s target alone)")  # fmt: skip
+    if probe.predicted_speedup < 1.0:
+        console.print("the heads cannot make this target faster here: a verified token costs more than their "
+                      "guesses add; `auto` leaves them alone", style="yellow")  # fmt: skip
 
 
 # --------------------------------------------------------------------- bench
