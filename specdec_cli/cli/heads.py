@@ -98,7 +98,8 @@ def train(
             est = heads_training.estimate(spec.target, plan, len(texts), sum(len(t.prompt) for t in texts))
             out.note(estimate_line(est, len(texts), plan.n_tokens(len(texts))))
             seconds: dict[str, float] = {}
-            with train_progress({"generate": plan.n_tokens(len(texts)), "read": 1, "fit": 1}, not json_out) as advance:
+            totals = {"generate": plan.n_tokens(len(texts)), "read": 1, "fit": 1}
+            with train_progress(totals, not json_out) as (advance, log):
                 t0, made = time.perf_counter(), [0]
 
                 def generated(n: int) -> None:
@@ -118,7 +119,7 @@ def train(
                 t0 = time.perf_counter()
                 result = heads_training.fit(spec.target, hidden, labels, plan,
                                             lambda n, total: advance("fit", n, total),
-                                            lambda ep: out.note(epoch_line(ep)))  # fmt: skip
+                                            lambda ep: log(epoch_line(ep)))  # fmt: skip
                 seconds["fit"] = time.perf_counter() - t0
         except KeyboardInterrupt:
             out.note("interrupted before an epoch was scored: no heads file written")

@@ -28,11 +28,12 @@ def estimate_line(est: Estimate, n_texts: int, n_tokens: int) -> str:
 
 
 @contextlib.contextmanager
-def train_progress(totals: dict[str, int], enabled: bool) -> Iterator[Callable[[str, int, int | None], None]]:
-    """Progress bars on stderr (a terminal only); yields `advance(phase, n, total)`: n done so far (total: None
-    leaves it)."""
+def train_progress(totals: dict[str, int], enabled: bool
+                   ) -> Iterator[tuple[Callable[[str, int, int | None], None], Callable[[str], None]]]:  # fmt: skip
+    """Progress bars on stderr (a terminal only); yields `advance(phase, n, total)` (n done so far; total None
+    leaves it) and `log(line)`, a line above the bars (on stderr without them; nothing when not `enabled`)."""
     if not enabled or not sys.stderr.isatty():
-        yield lambda _phase, _n, _total: None
+        yield (lambda _phase, _n, _total: None), (lambda line: print(line, file=sys.stderr) if enabled else None)
         return
     from rich.progress import (
         BarColumn,
@@ -56,7 +57,7 @@ def train_progress(totals: dict[str, int], enabled: bool) -> Iterator[Callable[[
                 progress.update(tasks[phase], total=total)
             progress.update(tasks[phase], completed=n)
 
-        yield advance
+        yield advance, lambda line: progress.console.print(line, highlight=False)
 
 
 def epoch_line(ep: Epoch) -> str:
