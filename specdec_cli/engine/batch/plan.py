@@ -296,10 +296,10 @@ class Planner:
             return
         guess = h.propose(DraftRequest(s.context, min(cap, h.heads.n_heads), s.job.config.sampler, s.gen.rng, s.gen.eog))
         if st.learn_costs:
-            st.heads_seconds = st.heads_samples.add(h.guess_seconds)
+            st.heads_seconds = st.heads_samples.add(h.head_seconds)
         score.propose(len(s.context), guess.tokens)
         j, value = best_length(score.acceptance, st.costs, len(guess.tokens), st.heads_cost())
-        s.heads_wait = 0 if j else heads_wait(st)
+        s.heads_wait = 0 if j else heads_wait(st, h.heads.n_heads)
         lookup = best_length(s.shadow.acceptance, st.costs, len(s.lookup.tokens))[1]
         if guess.tokens and (s.job.kind == HEADS or (j and value > lookup)):
             s.lookup, s.lookup_acc = guess, score.acceptance

@@ -16,7 +16,7 @@ is the target's and the sampled distribution too.
 
 With Medusa heads (drafters/medusa.py) it holds a fourth: the heads' chain of guesses from the target's
 hidden state, priced as E_h(K) / (K c_h + c_v(K+1)), with E_h from shadow scoring as the lookup's (every
-guess is scored, verified or not) and c_h a guess's measured time. A guess is not free: while the heads
+guess is scored, verified or not) and c_h a head's measured time. A guess is not free: while the heads
 do not pay, they guess only as often as keeps their time under `SHADOW_SHARE` of the generation's.
 
 A draft model that does not pay is paused, not dropped. While paused its cache
@@ -80,11 +80,11 @@ class AutoState:
     batch_samples: RecentMedian = field(default_factory=RecentMedian)
     heads: ShadowScore = field(default_factory=ShadowScore)  # the heads' acceptance (kept: it is theirs, not a text's)
     heads_samples: RecentMedian = field(default_factory=RecentMedian)
-    heads_seconds: float | None = None  # a guess's time: the median of recent ones
+    heads_seconds: float | None = None  # a head's guess's time: the median of recent ones
 
     def heads_cost(self) -> float:
-        """c_h: a guess's time in single-token target decodes (0 until both are measured, or for a seeded
-        sampled run, whose choices must not depend on timings)."""
+        """c_h: one head's guess's time in single-token target decodes (0 until both are measured, or for a
+        seeded sampled run, whose choices must not depend on timings)."""
         one, t = self.costs.one, self.heads_seconds
         return t / one if self.learn_costs and one and t is not None else 0.0
 
@@ -96,9 +96,9 @@ class AutoState:
         return self.draft_token_seconds / one
 
 
-def heads_wait(state: AutoState) -> int:
+def heads_wait(state: AutoState, n_heads: int) -> int:
     """Steps heads that do not pay skip between guesses: their guesses' time stays under SHADOW_SHARE."""
-    return max(0, math.ceil(state.heads_cost() / SHADOW_SHARE) - 1)
+    return max(0, math.ceil(n_heads * state.heads_cost() / SHADOW_SHARE) - 1)
 
 
 class AutoDrafter:
@@ -232,8 +232,8 @@ class AutoDrafter:
             return Proposal()
         hd = h.propose(dataclasses.replace(req, k=min(req.k, h.heads.n_heads)))
         if s.learn_costs:
-            s.heads_seconds = s.heads_samples.add(h.guess_seconds)
-        self._heads_wait = heads_wait(s)
+            s.heads_seconds = s.heads_samples.add(h.head_seconds)
+        self._heads_wait = heads_wait(s, h.heads.n_heads)
         s.heads.propose(len(req.context), hd.tokens)
         return hd
 

@@ -35,7 +35,7 @@ class HeadsDrafter:
         self.heads = heads
         self._hidden: np.ndarray | None = None  # the state whose logits gave the context's last token
         self._at = -1  # the length of the context it belongs to
-        self.guess_seconds = 0.0  # the last guess's time (the auto drafter prices the heads with it)
+        self.head_seconds = 0.0  # the last guess's time per head (the auto drafter prices the heads with it)
 
     def decode_seconds(self) -> float:
         return 0.0  # no model decode: a guess is counted with the step's other work
@@ -53,7 +53,7 @@ class HeadsDrafter:
         assert self._hidden is not None
         t0 = time.perf_counter()
         drafted = self.heads.guess(self._hidden, req.k)
-        self.guess_seconds = time.perf_counter() - t0
+        self.head_seconds = (time.perf_counter() - t0) / max(1, len(drafted))
         for j, tok in enumerate(drafted):
             if tok in req.stop_ids:
                 del drafted[j + 1 :]
