@@ -20,7 +20,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output
-from specdec_cli.engine.settings import NGRAM, NONE
+from specdec_cli.engine.settings import HEADS, NGRAM, NONE
 
 
 @with_options
@@ -49,12 +49,14 @@ def chat(
             session = ChatSession(spec, options, system=system)
             c = spec.choice
             draft_name = (
-                c.draft.name
+                f"none ({NONE.label})"
+                if spec.drafter == NONE
+                else c.draft.name
                 if c.draft
                 else f"{NGRAM.label} (no draft model)"
-                if spec.drafter == NGRAM
-                else f"none ({NONE.label})"
             )
+            if c.heads is not None and spec.drafter != NONE:
+                draft_name += f", {HEADS.label} {c.heads.name}"
             out.err.write(
                 f"specdec chat: target {c.target.name}, draft {draft_name}{placement_note(spec)}. "
                 "/help for commands, /exit or Ctrl-D to leave.\n"
