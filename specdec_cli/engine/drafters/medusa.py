@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specdec_cli.engine.drafters.base import DraftRequest, Outcome, Proposal
-from specdec_cli.engine.heads import Heads
+from specdec_cli.engine.heads import Heads, one_blas_thread
 from specdec_cli.engine.sampling import Dist
 from specdec_cli.engine.settings import HEADS
 
@@ -32,6 +32,7 @@ class HeadsDrafter:
     wants_hidden = True  # the loop passes each step's hidden state in its Outcome
 
     def __init__(self, heads: Heads) -> None:
+        one_blas_thread()  # its guesses run between llama.cpp's decodes: numpy's threads must not spin on the cores
         self.heads = heads
         self._hidden: np.ndarray | None = None  # the state whose logits gave the context's last token
         self._at = -1  # the length of the context it belongs to
