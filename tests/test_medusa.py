@@ -7,6 +7,7 @@ packaged models, greedy output identical to the target alone with llama.cpp's em
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -254,3 +255,32 @@ def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Mo
             for i in range(len(prompts)):
                 assert out[i].token_ids == alone[i], (drafter, prompts[i])
             assert sum(g.stats.accepted for g in out.values()) > 20, drafter
+
+
+def test_the_cost_gate_skips_guesses_that_cost_time_and_do_not_pay() -> None:
+    """`--drafter heads` where verifying costs as much as decoding: the gate verifies no guess, and guessing
+    (half a target token here) is skipped as often as keeps it under auto.SHADOW_SHARE of the time."""
+    from specdec_cli.engine.drafters.auto import SHADOW_SHARE
+    from specdec_cli.engine.drafters.gate import CostGate
+    from specdec_cli.engine.drafters.policies import CostGated
+    from specdec_cli.engine.sampling import Dist, SamplerSettings
+
+    class Slow:
+        name, free, proposal_seconds, calls = HEADS, True, 0.5, 0
+
+        def begin(self, prompt: object) -> None: ...
+
+        def accept(self, outcome: object) -> None: ...
+
+        def decode_seconds(self) -> float:
+            return 0.0
+
+        def propose(self, req: DraftRequest) -> Proposal:
+            self.calls += 1
+            return Proposal([1, 2], [Dist.point(1), Dist.point(2)], 2, HEADS)
+
+    slow = Slow()
+    gated = CostGated(slow, gate=CostGate(_Frozen({b: float(b) for b in range(1, 10)}, 1.0)))
+    req = DraftRequest([0, 1, 2], 2, SamplerSettings(), np.random.default_rng(0), frozenset())
+    assert all(gated.propose(req).tokens == [] for _ in range(100))
+    assert slow.calls == math.ceil(100 / math.ceil(0.5 / SHADOW_SHARE))  # one guess in 25

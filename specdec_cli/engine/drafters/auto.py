@@ -170,7 +170,9 @@ class AutoDrafter:
             choice, value = NGRAM, v_ng
         hd = self._heads_guess(req)
         if hd.tokens:
-            j_h, v_h = best_length(s.heads.acceptance, s.costs, len(hd.tokens), s.heads_cost())
+            # a heads step leaves a draft model in use behind: its next step catches up on this one's tokens too
+            behind = self._catch_up_share(len(req.context) + len(hd.tokens) + 1) if self.model and not s.paused else 0.0
+            j_h, v_h = best_length(s.heads.acceptance, s.costs, len(hd.tokens), s.heads_cost(), fixed=behind)
             self._heads_pay = j_h > 0
             if j_h and v_h > value:
                 choice, value, ng = HEADS, v_h, hd.cut(j_h)

@@ -37,6 +37,7 @@ class HeadsDrafter:
         self._hidden: np.ndarray | None = None  # the state whose logits gave the context's last token
         self._at = -1  # the length of the context it belongs to
         self.head_seconds = 0.0  # the last guess's time per head (the auto drafter prices the heads with it)
+        self.proposal_seconds = 0.0  # ... and in all (the cost gate skips guesses that do not pay: policies.py)
 
     def decode_seconds(self) -> float:
         return 0.0  # no model decode: a guess is counted with the step's other work
@@ -54,7 +55,8 @@ class HeadsDrafter:
         assert self._hidden is not None
         t0 = time.perf_counter()
         drafted = self.heads.guess(self._hidden, req.k)
-        self.head_seconds = (time.perf_counter() - t0) / max(1, len(drafted))
+        self.proposal_seconds = time.perf_counter() - t0
+        self.head_seconds = self.proposal_seconds / max(1, len(drafted))
         for j, tok in enumerate(drafted):
             if tok in req.stop_ids:
                 del drafted[j + 1 :]

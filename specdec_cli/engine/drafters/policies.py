@@ -8,9 +8,11 @@ bench, the tests and the benchmarks all want the same thing: a fixed K, or
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from specdec_cli.engine.drafters import Drafter, DraftRequest, Outcome, Proposal
+from specdec_cli.engine.drafters.auto import SHADOW_SHARE
 from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.drafters.gate import CostGate
 from specdec_cli.engine.settings import GenerateOptions
@@ -44,6 +46,11 @@ class AdaptiveLength:
     def decode_seconds(self) -> float:
         return self.inner.decode_seconds()
 
+    @property
+    def proposal_seconds(self) -> float:
+        """The inner drafter's last proposal's time, when proposing costs time (the heads)."""
+        return float(getattr(self.inner, "proposal_seconds", 0.0))
+
     def begin(self, prompt: Sequence[int]) -> None:
         self.inner.begin(prompt)
 
@@ -62,7 +69,7 @@ class AdaptiveLength:
 
 
 class CostGated:
-    """A free drafter whose proposals are trimmed by a `CostGate` (the n-gram drafter with adaptive K)."""
+    """A free drafter whose proposals are trimmed by a `CostGate` (the n-gram drafter with adaptive K, the heads)."""
 
     def __init__(self, inner: Drafter, learn_costs: bool = True, gate: CostGate | None = None) -> None:
         self.inner = inner
@@ -71,18 +78,29 @@ class CostGated:
         self.wants_hidden = hidden_wanted(inner)
         self.gate = gate or CostGate()
         self.learn_costs = learn_costs  # False: a seeded sampled run must not depend on timings
+        # A proposal that costs time (the heads' guesses: `proposal_seconds`) is skipped while the gate
+        # verifies none of it, as often as keeps that time under SHADOW_SHARE (auto.py does the same).
+        self._skip = 0
 
     def decode_seconds(self) -> float:
         return self.inner.decode_seconds()
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.gate.shadow.clear()
+        self._skip = 0
         self.inner.begin(prompt)
 
     def propose(self, req: DraftRequest) -> Proposal:
+        if self._skip > 0:  # a proposal that costs time, and the last ones did not pay: skip this one
+            self._skip -= 1
+            return Proposal(k=req.k)
         proposal = self.inner.propose(req)
         self.gate.propose(len(req.context), proposal.tokens, proposal.pool_match)
-        return proposal.cut(self.gate.choose(len(proposal.tokens)))
+        n = self.gate.choose(len(proposal.tokens))
+        seconds, one = getattr(self.inner, "proposal_seconds", 0.0), self.gate.costs.one
+        if n == 0 and seconds and one and self.learn_costs:
+            self._skip = max(0, math.ceil(seconds / (SHADOW_SHARE * one)) - 1)
+        return proposal.cut(n)
 
     def accept(self, outcome: Outcome) -> None:
         if self.learn_costs:
