@@ -85,13 +85,15 @@ def train(
                         pool_mb=0, verbose=runtime.verbose)  # fmt: skip
         try:
             texts, chat = [], []
-            for p in heads_training.PROMPTS[:prompts]:
-                texts.append(heads_training.Text(list(spec.tokenize(p).ids)))
+            per_subject = len(heads_training.TEMPLATES)  # a subject's texts are held out together
+            for i, p in enumerate(heads_training.PROMPTS[:prompts]):
+                texts.append(heads_training.Text(list(spec.tokenize(p).ids), i // per_subject))
                 chat.append(True)
             if source is not None:
                 files = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-                for ids in heads_training.file_passages(spec.target, files, limit=max(prompts, 40)):
-                    texts.append(heads_training.Text(ids))
+                first = len(heads_training.PROMPTS)  # a file's passages are one group
+                for n, ids in heads_training.file_passages(spec.target, files, limit=max(prompts, 40)):
+                    texts.append(heads_training.Text(ids, first + n))
                     chat.append(False)
             if len(texts) < 2:
                 raise UsageError("nothing to train on: give --prompts 2 or more, or a --from folder with text files")
@@ -119,7 +121,7 @@ def train(
                 t0 = time.perf_counter()
                 result = heads_training.fit(spec.target, hidden, labels, plan,
                                             lambda n, total: advance("fit", n, total),
-                                            lambda ep: log(epoch_line(ep)))  # fmt: skip
+                                            lambda ep: log(epoch_line(ep)), [t.group for t in texts])  # fmt: skip
                 seconds["fit"] = time.perf_counter() - t0
         except KeyboardInterrupt:
             out.note("interrupted before an epoch was scored: no heads file written")
