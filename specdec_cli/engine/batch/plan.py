@@ -299,10 +299,10 @@ class Planner:
             st.heads_seconds = st.heads_samples.add(h.head_seconds)
         score.propose(len(s.context), guess.tokens)
         j, value = best_length(score.acceptance, st.costs, len(guess.tokens), st.heads_cost())
-        s.heads_wait = 0 if j else heads_wait(st, h.heads.n_heads)
         lookup = best_length(s.shadow.acceptance, st.costs, len(s.lookup.tokens))[1]
-        if guess.tokens and (s.job.kind == HEADS or (j and value > lookup)):
-            s.lookup, s.lookup_acc = guess, score.acceptance
+        take = bool(guess.tokens) and (s.job.kind == HEADS or (j > 0 and value > lookup))
+        s.heads_wait, s.lookup, s.lookup_acc = ((0, guess, score.acceptance) if take
+                                                else (heads_wait(st, h.heads.n_heads), s.lookup, s.lookup_acc))
 
     def _lookup_gains(self, gen: list[Slot], caps: dict[int, int]) -> list[float]:
         """gains[J]: the most that J drafted lookup tokens in all can add to a step's expected tokens. A slot

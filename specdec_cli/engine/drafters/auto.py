@@ -54,7 +54,7 @@ MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verif
 CALIBRATED_WEIGHT = 6.0  # observations a calibrated agreement (calibration.py) is worth: one early miss
 # must not pause a draft that agrees 98% of the time (2 were: a miss in the first two steps paused it)
 RUN_PRIOR = 4.0  # draft-model steps assumed to follow one another, before any run is measured
-SHADOW_SHARE = 0.02  # at most this share of generation time goes to guesses of heads that do not pay
+SHADOW_SHARE = 0.01  # at most this share of generation time goes to guesses of heads that are not chosen
 
 
 @dataclass
@@ -81,6 +81,7 @@ class AutoState:
     heads: ShadowScore = field(default_factory=ShadowScore)  # the heads' acceptance (kept: it is theirs, not a text's)
     heads_samples: RecentMedian = field(default_factory=RecentMedian)
     heads_seconds: float | None = None  # a head's guess's time: the median of recent ones
+    heads_chosen: bool = True  # the heads' latest guess was the step's choice (kept: a new text starts from it)
 
     def heads_cost(self) -> float:
         """c_h: one head's guess's time in single-token target decodes (0 until both are measured, or for a
@@ -117,7 +118,7 @@ class AutoDrafter:
         self.ngram = ngram
         self.heads = heads
         self.wants_hidden = heads is not None  # the loop passes the target's hidden states (medusa.py)
-        self._heads_wait = 0  # steps until unpaying heads guess again
+        self._heads_wait = 0  # steps until heads that were not chosen guess again
         self.model = model
         self._loaded = model
         self.k_max = k_max
@@ -128,7 +129,6 @@ class AutoDrafter:
         self._note: str | None = None
         self._model_at = 0
         self._run = 0
-        self._heads_pay = True  # the heads' latest guess was worth verifying (then they guess every step)
 
     def decode_seconds(self) -> float:
         return self._loaded.decode_seconds() if self._loaded else 0.0  # a dropped model's time still counts
@@ -140,7 +140,6 @@ class AutoDrafter:
         if self.heads is not None:
             self.heads.begin(prompt)
             self.state.heads.clear(keep=1.0)
-            self._heads_wait = 0
         self._note = None
         self._model_at = 0  # context tokens the draft model's cache holds (at most)
         self._run = 0  # model steps in a row so far
@@ -173,7 +172,6 @@ class AutoDrafter:
             # a heads step leaves a draft model in use behind: its next step catches up on this one's tokens too
             behind = self._catch_up_share(len(req.context) + len(hd.tokens) + 1) if self.model and not s.paused else 0.0
             j_h, v_h = best_length(s.heads.acceptance, s.costs, len(hd.tokens), s.heads_cost(), fixed=behind)
-            self._heads_pay = j_h > 0
             if j_h and v_h > value:
                 choice, value, ng = HEADS, v_h, hd.cut(j_h)
         if self.model is not None:
@@ -194,6 +192,8 @@ class AutoDrafter:
                 choice, value = MODEL, self._model_speedup(k_m)
                 note = "retrying the paused draft model"
         self._choice = choice
+        if hd.tokens:  # chosen, the heads guess again next step; else as often as SHADOW_SHARE allows
+            s.heads_chosen = choice == HEADS
         if choice == HEADS:
             return dataclasses.replace(ng, k=len(ng.tokens), predicted_speedup=value, note=note)
         if choice == NGRAM:
@@ -224,12 +224,12 @@ class AutoDrafter:
 
     # ------------------------------------------------------------ the heads
     def _heads_guess(self, req: DraftRequest) -> Proposal:
-        """The heads' guesses, when they are due: every step while they pay, else one step in as many as keep
-        their time under SHADOW_SHARE (always, for a seeded sampled run: no timings decide it)."""
+        """The heads' guesses, when they are due: every step while they are chosen, else one step in as many as
+        keep their time under SHADOW_SHARE (always, for a seeded sampled run: no timings decide it)."""
         h, s = self.heads, self.state
         if h is None or not h.ready(len(req.context)):
             return Proposal()
-        if self._heads_wait > 0 and s.learn_costs and not self._heads_pay:
+        if self._heads_wait > 0 and s.learn_costs and not s.heads_chosen:
             self._heads_wait -= 1
             return Proposal()
         hd = h.propose(dataclasses.replace(req, k=min(req.k, h.heads.n_heads)))
