@@ -54,7 +54,7 @@ MODEL_PRIOR = 0.8  # acceptance assumed for a draft model before its first verif
 CALIBRATED_WEIGHT = 6.0  # observations a calibrated agreement (calibration.py) is worth: one early miss
 # must not pause a draft that agrees 98% of the time (2 were: a miss in the first two steps paused it)
 RUN_PRIOR = 4.0  # draft-model steps assumed to follow one another, before any run is measured
-SHADOW_SHARE = 0.01  # at most this share of generation time goes to guesses of heads that are not chosen
+SHADOW_SHARE = 0.005  # at most this share of generation time goes to guesses of heads that are not chosen
 
 
 @dataclass
