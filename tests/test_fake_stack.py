@@ -210,6 +210,22 @@ def test_server_chat_greedy_is_the_api_through_the_openai_client(spec: api.Specu
     assert r.usage.completion_tokens == len(reference(spec, PROMPTS[0], 32))
 
 
+def test_models_retrieve_names_the_served_model_or_is_a_404(spec: api.Speculator) -> None:
+    """openai's `models.retrieve` (GET /v1/models/{id}): the model `models.list` gives, or a 404 naming it."""
+    async def go(http: httpx.AsyncClient) -> tuple[Any, Any]:
+        client = openai.AsyncOpenAI(base_url="http://specdec.test/v1", api_key="unused", http_client=http, max_retries=0)
+        got = await client.models.retrieve("fake-pair")
+        try:
+            await client.models.retrieve("some/other-model")
+        except openai.NotFoundError as exc:
+            return got, exc
+        return got, None
+
+    got, missing = serve(spec, go)
+    assert (got.id, got.object, got.owned_by) == ("fake-pair", "model", "specdec")
+    assert missing is not None and missing.body["code"] == "model_not_found" and "'fake-pair'" in missing.body["message"]
+
+
 MSG = [{"role": "user", "content": "Hi"}]
 
 

@@ -161,10 +161,20 @@ class Server:
         return options
 
     # ------------------------------------------------------------ routes
+    def _model(self) -> dict[str, Any]:
+        return {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "specdec"}
+
     async def models(self, request: Request) -> Response:
         self._authorise(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.settings.model_id, "object": "model", "created": self.started, "owned_by": "specdec"}]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        """`GET /v1/models/{id}` (openai's `models.retrieve`): the served model, or a 404 naming it."""
+        self._authorise(request)
+        if request.path_params["model_id"] != self.settings.model_id:
+            raise ApiError(404, f"no model {request.path_params['model_id']!r}: this server serves "
+                           f"{self.settings.model_id!r}", param="model", code="model_not_found")  # fmt: skip
+        return JSONResponse(self._model())
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "waiting": self.worker.waiting, "running": self.worker.running})
@@ -335,6 +345,7 @@ class Server:
 
         routes = [
             route("/v1/models", self.models, ["GET"]),
+            route("/v1/models/{model_id:path}", self.model, ["GET"]),
             route("/v1/chat/completions", self.chat, ["POST"]),
             route("/v1/completions", self.completions, ["POST"]),
             route("/health", self.health, ["GET"]),
