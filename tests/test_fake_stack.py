@@ -280,3 +280,25 @@ def test_a_parameter_error_names_the_request_field() -> None:
     err = resp.json()["error"]
     assert err["param"] == "speculative.drafter"
     assert err["message"].startswith("speculative.drafter must be auto, ngram or none: this server has no draft model")
+
+
+@pytest.mark.parametrize(("origin", "allowed"), [("http://localhost:3000", True), ("http://127.0.0.1:8080", True),
+                                                 ("https://chat.example.org", True), ("http://evil.example", False)])  # fmt: skip
+def test_web_pages_on_this_machine_or_a_named_origin_may_call_the_server(spec: api.Speculator, origin: str,
+                                                                         allowed: bool) -> None:  # fmt: skip
+    """CORS: a preflight for a chat request with a key, then the request; other origins get no CORS header."""
+    async def go(http: httpx.AsyncClient) -> tuple[httpx.Response, httpx.Response]:
+        pre = await http.options("/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})  # fmt: skip
+        got = await http.get("/v1/models", headers={"Origin": origin, "Authorization": "Bearer k"})
+        return pre, got
+
+    pre, got = serve(spec, go, api_key="k", cors_origins=("https://chat.example.org",))
+    assert got.status_code == 200
+    if allowed:
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == origin
+        assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+        assert got.headers["access-control-allow-origin"] == origin
+    else:
+        assert pre.status_code == 400 and "access-control-allow-origin" not in got.headers

@@ -55,6 +55,12 @@ def serve(
         typer.Option("--parallel", "-np", help="Slots: requests generated together, each step one batch "
                      "(each slot has its own --ctx-size). 1: one at a time.", rich_help_panel="Server"),
     ] = 4,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option("--cors-origin", help="Let web pages from this origin call the server (repeat it; * for any "
+                     "origin); pages from this machine (localhost, 127.0.0.1, [::1]) always may.",
+                     rich_help_panel="Server", show_default=False),
+    ] = None,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (--parallel requests at a time, the rest queued)."""
     import uvicorn
@@ -79,7 +85,7 @@ def serve(
         with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel) as spec:
             model_id = spec.choice.pair or spec.choice.target.name
             aliases = frozenset({"default"}) if model_id == registry.load().default else frozenset()
-            server = Server(spec, ServerSettings(model_id, options, key, max_queue, aliases))
+            server = Server(spec, ServerSettings(model_id, options, key, max_queue, aliases, tuple(cors_origin or ())))
             config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=GRACEFUL_SECONDS, lifespan="off")  # fmt: skip
             web = QuietExit(config)

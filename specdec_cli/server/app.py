@@ -23,6 +23,8 @@ import anyio
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -36,6 +38,7 @@ from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
 from specdec_cli.server.worker import Delta, Done, Failed, Job, QueueFull, Worker, describe
 
 MAX_BODY_BYTES = 4 * 2**20
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"  # pages served from this machine
 RETRY_AFTER_SECONDS = 5
 SHUTDOWN_GRACE_SECONDS = 5.0  # a stream in flight at SIGINT/SIGTERM ends within this, with finish_reason and [DONE]
 
@@ -47,6 +50,9 @@ class ServerSettings:
     api_key: str | None = None
     max_queue: int = 8
     aliases: frozenset[str] = frozenset()  # other names a request may give the model ("default" for the default pair)
+    # Origins whose web pages may call the server (CORS), beside this machine's own (localhost, 127.0.0.1 and
+    # [::1] on any port, as Ollama allows by default); "*" allows every origin.
+    cors_origins: tuple[str, ...] = ()
 
 
 class ApiError(Exception):
@@ -361,7 +367,10 @@ class Server:
             assert isinstance(exc, ApiError)
             return exc.response()
 
-        app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, ApiError: too_large})
+        app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, ApiError: too_large},
+                        middleware=[Middleware(CORSMiddleware, allow_origins=list(self.settings.cors_origins),
+                                               allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST"],
+                                               allow_headers=["*"], max_age=600)])  # fmt: skip
         return BodyLimit(app, MAX_BODY_BYTES)
 
 
