@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specdec_cli.api import PromptTokens, Speculator
 from specdec_cli.engine import heads as H
 from specdec_cli.engine.drafters.pool import vocab_fingerprint
 from specdec_cli.engine.protocol import LoadedModel
@@ -156,12 +157,9 @@ def estimate(target: LoadedModel, plan: Plan, n_texts: int, prompt_tokens: int) 
     return Estimate(steps * step, (n_tok + prompt_tokens) * per_read, fit_steps * per_step)
 
 
-def generate(spec: object, texts: list[Text], plan: Plan, chat: Sequence[bool],
+def generate(spec: Speculator, texts: list[Text], plan: Plan, chat: Sequence[bool],
              on_text: Callable[[int], None]) -> None:  # fmt: skip
     """Fill each text's output: the target's greedy continuation, `plan.parallel` at a time."""
-    from specdec_cli.api import PromptTokens, Speculator
-
-    assert isinstance(spec, Speculator)
 
     def one(i: int) -> None:
         g = spec.generate(PromptTokens(texts[i].prompt, chat[i]), max_tokens=plan.max_tokens, temperature=0.0,

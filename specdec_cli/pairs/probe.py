@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec_cli.api import Generation, Speculator
+from specdec_cli.api import Generation, PromptTokens, Speculator
 from specdec_cli.engine.costs import batch_costs, median_decode_seconds
 from specdec_cli.engine.estimates import Acceptance, BatchCosts, step_speedup
 from specdec_cli.engine.heads import chain_rates, decode_hidden, targets_for
@@ -76,6 +76,17 @@ def _throughput(runs: list[Generation]) -> float:
     return sum(len(g.token_ids) for g in runs) / seconds if seconds else 0.0
 
 
+def _check(spec: Speculator, prompts: list[PromptTokens], base: list[Generation], drafter: str, k: int,
+           n_tokens: int) -> dict[str, float]:  # fmt: skip
+    """The recommended draft length run for real on the same prompts, against the target alone's runs (`base`):
+    the measured fields of a probe's result."""
+    runs = [spec.generate(p, drafter=drafter, draft_max=k, adaptive=False, max_tokens=n_tokens) for p in prompts]
+    drafted, accepted = sum(g.stats.drafted for g in runs), sum(g.stats.accepted for g in runs)
+    base_tps, spec_tps = _throughput(base), _throughput(runs)
+    return {"measured_speedup": spec_tps / base_tps if base_tps else 0.0,
+            "measured_acceptance": accepted / drafted if drafted else 0.0, "spec_tps": spec_tps, "base_tps": base_tps}
+
+
 def run_probe(spec: Speculator, *, n_tokens: int = 48) -> ProbeResult:
     target, draft = spec.target, spec.draft
     assert draft is not None, "the probe needs a draft model"
@@ -113,13 +124,6 @@ def run_probe(spec: Speculator, *, n_tokens: int = 48) -> ProbeResult:
     preds = predict(a, d1 / t1, verify)
     best = max(preds, key=lambda p: p.speedup)
 
-    # Check the recommendation for real, on the same prompts.
-    spec_runs = [
-        spec.generate(p, drafter=MODEL, draft_max=best.k, adaptive=False, max_tokens=n_tokens) for p in prompts
-    ]
-    drafted = sum(g.stats.drafted for g in spec_runs)
-    accepted = sum(g.stats.accepted for g in spec_runs)
-    base_tps, spec_tps = _throughput(base), _throughput(spec_runs)
     return ProbeResult(
         acceptance=a,
         n_tokens=total,
@@ -128,10 +132,7 @@ def run_probe(spec: Speculator, *, n_tokens: int = 48) -> ProbeResult:
         predictions=preds,
         recommended_k=best.k,
         predicted_speedup=best.speedup,
-        measured_speedup=spec_tps / base_tps if base_tps else 0.0,
-        measured_acceptance=accepted / drafted if drafted else 0.0,
-        spec_tps=spec_tps,
-        base_tps=base_tps,
+        **_check(spec, prompts, base, MODEL, best.k, n_tokens),
     )
 
 
@@ -186,9 +187,5 @@ def run_heads_probe(spec: Speculator, *, n_tokens: int = 48) -> HeadsProbeResult
         e = 1.0 + sum(chain[:k])
         preds.append(Prediction(k, costs.relative(k + 1), e, e / (guess + costs.relative(k + 1))))
     best = max(preds, key=lambda p: p.speedup)
-    runs = [spec.generate(p, drafter=HEADS, draft_max=best.k, adaptive=False, max_tokens=n_tokens) for p in prompts]
-    drafted, accepted = sum(g.stats.drafted for g in runs), sum(g.stats.accepted for g in runs)
-    base_tps, spec_tps = _throughput(base), _throughput(runs)
     return HeadsProbeResult(chain, len(h_all), guess, t1 * 1000, preds, best.k, best.speedup,
-                            spec_tps / base_tps if base_tps else 0.0, accepted / drafted if drafted else 0.0,
-                            spec_tps, base_tps)  # fmt: skip
+                            **_check(spec, prompts, base, HEADS, best.k, n_tokens))  # fmt: skip
