@@ -9,6 +9,7 @@ are the packaged models' (checked as GGUF files); their weights are never read.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 from collections.abc import Iterator
@@ -253,6 +254,26 @@ MSG = [{"role": "user", "content": "Hi"}]
          "'heads' or 'none'"),
         ({"messages": [{"role": "user", "content": "word " * 3000}]}, 400, "context_length_exceeded", "messages",
          "context"),
+        # What the server does not do is a clear 400 naming the field (docs/serve.md, "Request fields")
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                    {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+         400, "unsupported_parameter", "messages.0.content.1", "'image_url' content parts are not supported"),
+        ({"messages": MSG, "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]},
+         400, "unsupported_parameter", "tool_choice", "specdec does not call tools"),
+        ({"messages": MSG, "tool_choice": {"type": "function", "function": {"name": "f"}}}, 400,
+         "unsupported_parameter", "tool_choice", "does not call tools"),
+        ({"messages": MSG, "function_call": {"name": "f"}}, 400, "unsupported_parameter", "function_call", "tools"),
+        ({"messages": MSG, "response_format": {"type": "json_object"}}, 400, "unsupported_parameter",
+         "response_format", "response_format 'json_object' is not supported"),
+        ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+         400, "unsupported_parameter", "response_format", "'json_schema'"),
+        ({"messages": MSG, "logprobs": True}, 400, "unsupported_parameter", "logprobs", "logprobs are not supported"),
+        ({"messages": MSG, "top_logprobs": 3}, 400, "unsupported_parameter", "logprobs", "logprobs"),
+        ({"messages": MSG, "frequency_penalty": 0.5}, 400, "unsupported_parameter", "frequency_penalty", "penalties"),
+        ({"messages": MSG, "presence_penalty": -1}, 400, "unsupported_parameter", "presence_penalty", "penalties"),
+        ({"messages": MSG, "logit_bias": {"1": 5}}, 400, "unsupported_parameter", "logit_bias", "logit_bias"),
+        ({"messages": MSG, "modalities": ["text", "audio"]}, 400, "unsupported_parameter", "modalities", "text"),
+        ({"messages": [{"role": "tool", "content": 3}]}, 400, "invalid_value", None, "content"),
     ],
 )  # fmt: skip
 def test_bad_requests_get_openai_errors(spec: api.Speculator, body: Any, status: int, code: str | None,
@@ -267,6 +288,63 @@ def test_bad_requests_get_openai_errors(spec: api.Speculator, body: Any, status:
     assert set(err) == {"message", "type", "param", "code"} and needle in err["message"], err
     assert code is None or err["code"] == code, err
     assert param is None or err["param"] == param, err
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+
+
+def test_tools_and_formats_get_what_the_docs_say_through_the_openai_client(spec: api.Speculator) -> None:
+    """tools with tool_choice auto/none: not shown to the model, the answer is its text (the same as without them);
+    a history holding tool calls and `tool` messages reaches the template; what is not done is a 400."""
+    question = [{"role": "user", "content": "Weather in Oslo?"}]
+    history = [*question, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"}]  # fmt: skip
+
+    async def go(http: httpx.AsyncClient) -> tuple[list[Any], list[Any]]:
+        client = openai.AsyncOpenAI(base_url="http://specdec.test/v1", api_key="unused", http_client=http, max_retries=0)
+        ask = functools.partial(client.chat.completions.create, model="fake-pair", max_tokens=16, temperature=0)
+        answers = [await ask(messages=question, tools=[WEATHER]),
+                   await ask(messages=question, tools=[WEATHER], tool_choice="none"),
+                   await ask(messages=question, response_format={"type": "text"}, logprobs=False, user="me",
+                             parallel_tool_calls=False, frequency_penalty=0),
+                   await ask(messages=history, tools=[WEATHER])]  # fmt: skip
+        errors = []
+        for bad in ({"tool_choice": "required", "tools": [WEATHER]}, {"response_format": {"type": "json_object"}},
+                    {"logprobs": True, "top_logprobs": 2}):  # fmt: skip
+            try:
+                await ask(messages=question, **bad)
+            except openai.BadRequestError as exc:
+                errors.append(exc)
+        return answers, errors
+
+    answers, errors = serve(spec, go)
+    plain = spec.generate(question, max_tokens=16).text
+    assert [a.choices[0].message.content for a in answers[:3]] == [plain] * 3
+    assert all(a.choices[0].message.tool_calls is None and a.choices[0].finish_reason in ("stop", "length")
+               for a in answers)  # fmt: skip
+    # the history as the template got it: the call as a JSON line, the tool's result in its own role
+    rendered = [*question, {"role": "assistant", "content": '{"name": "weather", "arguments": {"city": "Oslo"}}'},
+                {"role": "tool", "content": "Sunny, 21 C"}]  # fmt: skip
+    assert answers[3].choices[0].message.content == spec.generate(rendered, max_tokens=16).text
+    assert answers[3].usage.prompt_tokens == len(spec.tokenize(rendered).ids)
+    assert [e.body["param"] for e in errors] == ["tool_choice", "response_format", "logprobs"]
+    assert all(e.status_code == 400 and e.body["code"] == "unsupported_parameter" for e in errors)
+
+
+def test_completions_echo_writes_the_prompt_before_the_answer(spec: api.Speculator) -> None:
+    async def go(http: httpx.AsyncClient) -> tuple[Any, str, Any]:
+        client = openai.AsyncOpenAI(base_url="http://specdec.test/v1", api_key="unused", http_client=http, max_retries=0)
+        ask = functools.partial(client.completions.create, model="fake-pair", prompt=PROMPTS[1], max_tokens=12,
+                                temperature=0)  # fmt: skip
+        whole = await ask(echo=True)
+        streamed = "".join([c.choices[0].text async for c in await ask(echo=True, stream=True) if c.choices])
+        return whole, streamed, await ask()
+
+    whole, streamed, plain = serve(spec, go)
+    assert whole.choices[0].text == PROMPTS[1] + plain.choices[0].text == streamed
+    assert whole.usage.completion_tokens == plain.usage.completion_tokens
 
 
 def test_a_parameter_error_names_the_request_field() -> None:

@@ -7,6 +7,7 @@ flags (an API key, a small queue) start their own. Every wait is bounded.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -198,7 +199,7 @@ MSG = [{"role": "user", "content": "Hi"}]
 
 
 def test_unknown_fields_are_ignored(server: LiveServer) -> None:
-    r = post(server, {"messages": MSG, "max_tokens": 2, "temperature": 0, "logit_bias": {"1": 5}, "user": "me",
+    r = post(server, {"messages": MSG, "max_tokens": 2, "temperature": 0, "logit_bias": {}, "user": "me",
                       "frequency_penalty": 0, "some_future_field": [1]})  # fmt: skip
     assert r.status_code == 200, r.text
 
@@ -273,6 +274,7 @@ def test_disconnect_mid_stream_then_next_request_is_correct(
 ) -> None:
     body = {"model": model_id, "messages": [{"role": "user", "content": "Count from 1 to 200."}], "max_tokens": 400,
             "temperature": 0, "stream": True}  # fmt: skip
+    before = metric_values(server)
     t0 = time.monotonic()
     with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
@@ -281,6 +283,24 @@ def test_disconnect_mid_stream_then_next_request_is_correct(
     r2 = ask(client, model_id)
     assert r2.choices[0].message.content == expected_chat["text"]
     assert time.monotonic() - t0 < 60  # the abandoned 400-token generation did not run to its end first
+    # Counted as what it was: a 499, its tokens in the total, and one log line saying so.
+    gone = 'specdec_requests_total{endpoint="/v1/chat/completions",status="499"}'
+    deadline = time.monotonic() + 10
+    while (after := metric_values(server)).get(gone, 0) == before.get(gone, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the server counts the stream when it notices the client left
+    assert after.get(gone, 0) == before.get(gone, 0) + 1
+    generated = after["specdec_tokens_generated_total"] - before["specdec_tokens_generated_total"]
+    assert r2.usage is not None and 3 <= generated - r2.usage.completion_tokens < 400
+    line = next(x for x in server.stderr if " 499 stream" in x)
+    assert re.search(r"127\.0\.0\.1:\d+ POST /v1/chat/completions 499 stream, \d+ prompt.* \+ \d+ tokens sent, "
+                     r"then the client went away", line), line
+    ok = [x for x in server.stderr if " 200 whole, " in x]
+    assert ok and re.search(r"\+ \d+ tokens \((stop|length)\).*first \d+\.\d\d s, \d+\.\d\d s$", ok[-1].strip())
+
+
+def metric_values(server: LiveServer) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines() if line[:1] != "#")}
 
 
 @pytest.mark.slow

@@ -85,7 +85,12 @@ def serve(
         with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel) as spec:
             model_id = spec.choice.pair or spec.choice.target.name
             aliases = frozenset({"default"}) if model_id == registry.load().default else frozenset()
-            server = Server(spec, ServerSettings(model_id, options, key, max_queue, aliases, tuple(cors_origin or ())))
+            def log(line: str) -> None:  # one line per request, as llama-server and uvicorn write them
+                out.err.write(line + "\n")
+                out.err.flush()
+
+            settings = ServerSettings(model_id, options, key, max_queue, aliases, tuple(cors_origin or ()))
+            server = Server(spec, settings, log=log)
             config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=GRACEFUL_SECONDS, lifespan="off")  # fmt: skip
             web = QuietExit(config)

@@ -13,7 +13,7 @@ from specdec_cli.engine import specials, templates
 from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.errors import UsageError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # "tool": a tool's result, in a history from a client that ran tools
 
 
 def chat_messages(prompt: str, system: str | None, history: Sequence[Mapping[str, str]] = ()) -> list[dict[str, str]]:

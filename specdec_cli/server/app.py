@@ -14,7 +14,6 @@ import asyncio
 import hmac
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,9 +32,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from specdec_cli.api import GenerateOptions, Speculator
 from specdec_cli.engine.settings import MODEL, InvalidSetting
 from specdec_cli.errors import SpecdecError
+from specdec_cli.server.access import CLIENT_GONE, Record
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
-from specdec_cli.server.worker import Delta, Done, Failed, Job, QueueFull, Worker, describe
+from specdec_cli.server.shapes import Shape
+from specdec_cli.server.worker import Delta, Done, Failed, Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 4 * 2**20
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"  # pages served from this machine
@@ -102,10 +103,11 @@ def _too_large(limit: int) -> ApiError:
 
 # ------------------------------------------------------------------ the app
 class Server:
-    def __init__(self, spec: Speculator, settings: ServerSettings) -> None:
+    def __init__(self, spec: Speculator, settings: ServerSettings, log: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self.settings = settings
-        self.worker = Worker(spec, settings.max_queue, on_step=None)
+        self.log = log  # one line per request as it ends (the CLI writes them to stderr)
+        self.worker = Worker(spec, settings.max_queue, on_step=None, on_tokens=self._count)
         engine = spec.batch_engine() if spec.parallel > 1 else None  # calibrates now, before any request
         self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running,
                                engine.busy if engine is not None else None)  # fmt: skip
@@ -142,6 +144,9 @@ class Server:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
                                 f"{self.settings.model_id!r} (GET /v1/models)", param="model",
                            code="model_not_found")  # fmt: skip
+        refusal = body.refusal()
+        if refusal is not None:
+            raise ApiError(400, refusal[1], param=refusal[0], code="unsupported_parameter")
         if body.n != 1:
             raise ApiError(400, f"n must be 1 (one loaded pair generates one choice), got {body.n}", param="n")
         if len(body.stops()) > MAX_STOPS:
@@ -204,7 +209,8 @@ class Server:
     # -------------------------------------------------------- generation
     async def _generate(self, request: Request, body: ChatRequest | CompletionRequest, prompt: Any,
                         *, chat: bool) -> Response:  # fmt: skip
-        t0 = time.perf_counter()
+        record: Record = request.state.record
+        t0 = record.t0
         options = self._options(body)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Delta | Done | Failed] = asyncio.Queue()
@@ -222,23 +228,30 @@ class Server:
             raise ApiError(503, f"the server is busy: {self.settings.max_queue} requests are already waiting",
                            type="server_error", code="queue_full",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None  # fmt: skip
-        kind = "chat.completion" if chat else "text_completion"
-        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
+        echo = body.text() if isinstance(body, CompletionRequest) and body.echo else ""
+        shape = Shape(self.settings.model_id, chat, echo)
         try:
             first = await self._next(request, job, events)
         except BaseException:
             job.cancel.set()
             raise
+        record.prompt_tokens = job.n_prompt
         if isinstance(first, Failed):
             raise _api_error(first.error)
-        self.metrics.ttft.observe(time.perf_counter() - t0)
+        record.first = time.perf_counter() - t0
+        self.metrics.ttft.observe(record.first)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             shutdown = anyio.Event()  # set by sse-starlette when the server is asked to stop
-            stream = self._stream(job, events, first, ident, kind, created, chat, include_usage, t0, shutdown)
-            return EventSourceResponse(stream, ping=15, sep="\n", shutdown_event=shutdown,
-                                       shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
+            stream = self._stream(job, events, first, shape, include_usage, record, shutdown)
+            record.stream = True
+
+            def closed() -> None:  # however the stream ended: the client left, it finished, it failed
+                job.cancel.set()  # a no-op after Done; stops the generation when the client went away
+                self._finish(record, record.status or CLIENT_GONE)
+
+            return _Stream(closed, stream, ping=15, sep="\n", shutdown_event=shutdown,
+                           shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
         ev = first
         try:
             while not isinstance(ev, Done):
@@ -248,14 +261,8 @@ class Server:
         finally:
             job.cancel.set()  # a no-op after Done; stops the generation when this task is cancelled
         self.metrics.latency.observe(time.perf_counter() - t0)
-        self._count(ev)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": ev.finish_reason, "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": ev.text}
-        else:
-            choice["text"] = ev.text
-        return JSONResponse({"id": ident, "object": kind, "created": created, "model": self.settings.model_id,
-                             "choices": [choice], **self._usage(ev)})  # fmt: skip
+        record.done(ev)
+        return JSONResponse(shape.whole(ev))
 
     async def _next(self, request: Request, job: Job, events: asyncio.Queue[Delta | Done | Failed]) -> Any:
         """The job's next event; a client that disconnects cancels the job."""
@@ -267,68 +274,50 @@ class Server:
                     job.cancel.set()
                     raise ApiError(499, "client closed the request") from None
 
-    async def _stream(self, job: Job, events: asyncio.Queue[Delta | Done | Failed], first: Any, ident: str,
-                      kind: str, created: int, chat: bool, include_usage: bool, t0: float,
-                      shutdown: anyio.Event) -> AsyncIterator[str]:  # fmt: skip
-        def chunk(delta: str | None, finish: str | None, role: bool = False) -> str:
-            if chat:
-                d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-                if delta is not None:
-                    d["content"] = delta
-                choice: dict[str, Any] = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
-            else:
-                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
-            return json.dumps({"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created,
-                               "model": self.settings.model_id, "choices": [choice]})  # fmt: skip
-
+    async def _stream(self, job: Job, events: asyncio.Queue[Delta | Done | Failed], first: Any, shape: Shape,
+                      include_usage: bool, record: Record, shutdown: anyio.Event) -> AsyncIterator[str]:  # fmt: skip
         async def cancel_on_shutdown() -> None:
             await shutdown.wait()
             job.cancel.set()  # the generation ends at its next step and the stream closes properly
 
         watcher = asyncio.ensure_future(cancel_on_shutdown())
         try:
-            if chat:
-                yield chunk(None, None, role=True)
+            opening = shape.opening()
+            if opening is not None:
+                yield opening
             ev = first
             while not isinstance(ev, Done):
                 if isinstance(ev, Failed):  # after the first byte: end the stream with an error object
+                    record.status, record.error = ev.error.http_status, str(ev.error)
                     yield json.dumps({"error": {"message": str(ev.error), "type": "server_error", "param": None,
                                                 "code": None}})  # fmt: skip
                     return
                 if ev.text:
-                    yield chunk(ev.text, None)
+                    yield shape.chunk(ev.text, None)
+                    record.tokens = ev.tokens
                 ev = await events.get()
-            self._count(ev)
-            yield chunk(None, ev.finish_reason) if chat else chunk("", ev.finish_reason)
+            record.done(ev)
+            yield shape.closing(ev)
             if include_usage:
-                yield json.dumps({"id": ident, "object": f"{kind}.chunk" if chat else kind, "created": created,
-                                  "model": self.settings.model_id, "choices": [], **self._usage(ev)})  # fmt: skip
+                yield shape.usage_chunk(ev)
+            record.status = 200
             yield "[DONE]"
-            self.metrics.latency.observe(time.perf_counter() - t0)
+            self.metrics.latency.observe(time.perf_counter() - record.t0)
         finally:
             watcher.cancel()
-            job.cancel.set()  # a no-op after Done; stops the generation when the client went away
 
-    def _usage(self, ev: Done) -> dict[str, Any]:
-        g, s = ev.generation, ev.generation.stats
-        usage = {"prompt_tokens": g.n_prompt_tokens, "completion_tokens": ev.completion_tokens,
-                 "total_tokens": g.n_prompt_tokens + ev.completion_tokens,
-                 "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}  # fmt: skip
-        timings = {
-            "cache_n": ev.cached_tokens,
-            "prompt_n": g.n_prompt_tokens - ev.cached_tokens,
-            "prompt_ms": round(s.seconds.prefill * 1000, 3),
-            "predicted_n": ev.completion_tokens,
-            "predicted_ms": round(s.generation_seconds * 1000, 3),
-            "predicted_per_second": round(s.tokens_per_second, 3),
-            "draft_n": s.drafted,
-            "draft_n_accepted": s.accepted,
-        }
-        return {"usage": usage, "speculative": describe(ev), "timings": timings}
+    def _count(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """Every generation that ran, from the worker: a client that went away mid-stream is counted too."""
+        self.metrics.generated.inc(completion_tokens)
+        self.metrics.prompt.inc(prompt_tokens)
 
-    def _count(self, ev: Done) -> None:
-        self.metrics.generated.inc(ev.completion_tokens)
-        self.metrics.prompt.inc(ev.generation.n_prompt_tokens)
+    def _finish(self, record: Record, status: int) -> None:
+        if record.closed:
+            return
+        record.closed = True
+        self.metrics.requests.labels(record.route, str(status)).inc()
+        if self.log is not None:
+            self.log(record.line(status))
 
     def shutdown(self) -> None:
         self.worker.stop()
@@ -337,14 +326,17 @@ class Server:
     def app(self) -> ASGIApp:
         def route(path: str, endpoint: Callable[[Request], Awaitable[Response]], methods: list[str]) -> Route:
             async def handler(request: Request) -> Response:
+                client = f"{request.client.host}:{request.client.port}" if request.client else "-"
+                record = request.state.record = Record(request.method, request.url.path, client, route=path)
                 try:
                     response = await endpoint(request)
                 except ApiError as exc:
-                    response = exc.response()
+                    response, record.error = exc.response(), exc.message
                 except Exception as exc:  # never a 500 with a traceback
-                    response = ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                        type="server_error").response()  # fmt: skip
-                self.metrics.requests.labels(path, str(response.status_code)).inc()
+                    error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+                    response, record.error = error.response(), error.message
+                if not record.stream:  # a stream is finished when it ends (_Stream)
+                    self._finish(record, response.status_code)
                 return response
 
             return Route(path, handler, methods=methods)
@@ -372,6 +364,21 @@ class Server:
                                                allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST"],
                                                allow_headers=["*"], max_age=600)])  # fmt: skip
         return BodyLimit(app, MAX_BODY_BYTES)
+
+
+class _Stream(EventSourceResponse):
+    """An SSE response that calls `closed` however it ends: finished, failed, or cancelled because the client
+    went away (then the generator may never have run its `finally`, or even started)."""
+
+    def __init__(self, closed: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.closed = closed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closed()
 
 
 # the request field of a parameter, where it is not the parameter's own name

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from specdec_cli.api import GenerateOptions, Generation, Prompt, Speculator
 from specdec_cli.engine.events import Step
@@ -34,6 +33,7 @@ class QueueFull(Exception):
 @dataclass(frozen=True)
 class Delta:
     text: str
+    tokens: int  # completion tokens behind the text sent so far, this delta included
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,17 @@ class Job:
     chat: bool = True
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    n_prompt: int | None = None  # set once the prompt is tokenized
 
 
 class Worker:
-    def __init__(self, spec: Speculator, max_queue: int, on_step: Callable[[Step], None] | None = None) -> None:
+    def __init__(self, spec: Speculator, max_queue: int, on_step: Callable[[Step], None] | None = None,
+                 on_tokens: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
         self.spec = spec
         self.max_queue = max_queue
         self.on_step = on_step
+        # (prompt, completion) tokens of every generation that ran, whether or not its client still listened
+        self.on_tokens = on_tokens
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self.waiting = 0
@@ -125,6 +129,7 @@ class Worker:
     def _serve(self, job: Job) -> None:
         spec = self.spec
         tokens = spec.tokenize(job.prompt, system=None, chat=None if job.chat else False)
+        job.n_prompt = len(tokens.ids)
         run = spec.start(tokens, job.options, cancel=job.cancel)
         stops = StopMatcher(job.stops)
         n_tokens = 0  # completion tokens up to the one that completed a stop string
@@ -139,32 +144,19 @@ class Worker:
                 n_tokens += 1
                 out = stops.feed(tok.text)
                 if out:
-                    job.emit(Delta(out))
+                    job.emit(Delta(out, n_tokens))
             if stops.stopped:
                 job.cancel.set()
         gen = run.generation
         rest = stops.flush()
         if rest:
-            job.emit(Delta(rest))
+            job.emit(Delta(rest, n_tokens))
+        n_completion = n_tokens if stops.stopped else len(gen.token_ids)
+        if self.on_tokens is not None:
+            self.on_tokens(gen.n_prompt_tokens, n_completion)
         if gen.error:  # an RPC server stopped answering: what was streamed stands, then the reason
             job.emit(Failed(RpcError(gen.error)))
             return
         finish = "stop" if stops.stopped or gen.stop_reason == "eos" else "length"
-        job.emit(Done(gen, run.stats, stops.released, finish, n_tokens if stops.stopped else len(gen.token_ids),
-                       run.n_cached))  # fmt: skip
+        job.emit(Done(gen, run.stats, stops.released, finish, n_completion, run.n_cached))
 
-
-def describe(final: Done) -> dict[str, Any]:
-    """The `speculative` block of a response."""
-    s = final.generation.stats
-    return {
-        "drafter": final.generation.settings.get("drafter"),
-        "draft_max": final.generation.settings.get("draft_max"),
-        "drafted": s.drafted,
-        "accepted": s.accepted,
-        "acceptance_rate": round(s.acceptance_rate, 6),
-        "tokens_per_step": round(s.tokens_per_step, 6),
-        "steps": s.steps,
-        "accepted_by_position": [round(x, 6) for x in s.accepted_by_position],
-        "drafters": s.drafters,
-    }
