@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/browser.sh
 VENV=${SPECDEC_VENV:-.venv}
 select=()
 if [[ "${1:-}" == "--fast" ]]; then
