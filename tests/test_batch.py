@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from specdec_cli import api
 from specdec_cli.engine.batch import plan as plan_module
 from specdec_cli.engine.batch.occupancy import Occupancy
-from specdec_cli.engine.batch.plan import Planner, filled, ubatch_sizes
+from specdec_cli.engine.batch.plan import Planner
+from specdec_cli.engine.batch.pricing import filled, ubatch_sizes
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters.auto import AutoState

@@ -55,6 +55,12 @@ def serve(
         typer.Option("--parallel", "-np", help="Slots: requests generated together, each step one batch "
                      "(each slot has its own --ctx-size). 1: one at a time.", rich_help_panel="Server"),
     ] = 4,
+    fair: Annotated[
+        bool,
+        typer.Option("--fair/--no-fair", help="Keep drafting and prompt reading from holding up other streams: a "
+                     "step's drafts add at most half a plain step, and short prompts are read first (--no-fair: "
+                     "tokens per second over all slots only).", rich_help_panel="Server"),
+    ] = True,
     cors_origin: Annotated[
         list[str] | None,
         typer.Option("--cors-origin", help="Let web pages from this origin call the server (repeat it; * for any "
@@ -89,7 +95,7 @@ def serve(
                 out.err.write(line + "\n")
                 out.err.flush()
 
-            settings = ServerSettings(model_id, options, key, max_queue, aliases, tuple(cors_origin or ()))
+            settings = ServerSettings(model_id, options, key, max_queue, aliases, tuple(cors_origin or ()), fair)
             server = Server(spec, settings, log=log)
             config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=GRACEFUL_SECONDS, lifespan="off")  # fmt: skip

@@ -54,6 +54,7 @@ class ServerSettings:
     # Origins whose web pages may call the server (CORS), beside this machine's own (localhost, 127.0.0.1 and
     # [::1] on any port, as Ollama allows by default); "*" allows every origin.
     cors_origins: tuple[str, ...] = ()
+    fair: bool = True  # --parallel: bound what drafts and prompt chunks cost other streams (engine/batch/)
 
 
 class ApiError(Exception):
@@ -114,6 +115,7 @@ class Server:
         self.worker.on_step = self.metrics.step
         if engine is not None:
             engine.on_step = self.metrics.batch
+            engine.set_fair(settings.fair)
         self.started = int(time.time())
 
     # ----------------------------------------------------------- helpers

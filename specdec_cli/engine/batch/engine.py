@@ -40,7 +40,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from specdec_cli.engine.batch.plan import Choice, Planner, ubatch_sizes
+from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks
+from specdec_cli.engine.batch.plan import Choice, Planner
+from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
 from specdec_cli.engine.drafters.auto import AutoState
@@ -77,6 +79,7 @@ class BatchEngine:
             for slot in self.slots:
                 slot.heads, slot.heads_shadow = HeadsDrafter(heads), ShadowScore(state.heads.tables)
         self.budget = target.n_batch
+        self.fair = True
         self.planner = Planner(target, draft, state, draft_costs or BatchCosts(), n_slots=len(self.slots),
                                model_k_max=model_k_max, budget=self.budget)  # fmt: skip
         self.target_hidden = False  # the target returns hidden states (set per step)
@@ -153,20 +156,14 @@ class BatchEngine:
                 job.result.stop_reason = "interrupted"
                 job._queue.put(END)
                 continue
-            self._start(job, self._choose_slot(job, free))
+            self._start(job, choose_slot(self.target, self.slots, job, free))
 
-    def _choose_slot(self, job: BatchJob, free: list[Slot]) -> Slot:
-        busy = [s.seq for s in self.slots if s.job is not None]
-
-        def contiguous(slot: Slot) -> bool:
-            seqs = sorted([*busy, slot.seq])
-            return seqs[-1] - seqs[0] == len(seqs) - 1
-
-        def reuse(slot: Slot) -> int:
-            return self.target.common_prefix(job.prompt, slot.seq)
-
-        # keeping busy ids contiguous saves a pass over the weights every step; among those, the longest prefix
-        return max(free, key=lambda s: (contiguous(s), reuse(s), -s.seq))
+    def set_fair(self, fair: bool) -> None:
+        """Fair slots (on by default): drafts may lengthen a step by at most `FAIR_STEP` plain steps while another
+        slot generates (plan.py), and prompts are read shortest first, a prompt that finishes in a step not
+        held up by more than half by the others' chunks. Off: the most tokens per second over all slots."""
+        self.fair = fair
+        self.planner.fair_step = FAIR_STEP if fair else None
 
     def _start(self, job: BatchJob, slot: Slot) -> None:
         try:
@@ -196,6 +193,7 @@ class BatchEngine:
         job = slot.job
         assert job is not None
         job.result.wall_seconds = time.perf_counter() - slot.started
+        slot.last_used = time.perf_counter()
         if slot.gen is not None:
             slot.gen._decoder.reset()
         if error is not None:
@@ -228,12 +226,9 @@ class BatchEngine:
             counts[s.seq] = len(toks)
         room = self.budget - sum(counts)
         prefill_done: list[Slot] = []
-        for s in pre:  # prompt chunks, first admitted first, under the step's token budget
+        for s, n in prompt_chunks(pre, room, sum(counts), self.fair):  # under the step's token budget
             assert s.job is not None
             prompt = s.job.prompt
-            n = min(len(prompt) - s.prefilled, room)
-            if n <= 0:
-                continue
             chunk = prompt[s.prefilled : s.prefilled + n]
             last = s.prefilled + n == len(prompt)  # the chunk ends the prompt: its last row opens the output
             parts[s.seq] = (chunk, 1 if last else 0, 0)

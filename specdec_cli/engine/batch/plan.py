@@ -18,7 +18,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdec_cli.engine.batch.admission import FAIR_STEP, prompt_chunks
 from specdec_cli.engine.batch.occupancy import Occupancy
+from specdec_cli.engine.batch.pricing import batch_cost, fair_tokens, filled
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, Slot
 from specdec_cli.engine.drafters import DraftRequest, Proposal
@@ -32,54 +34,6 @@ FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this
 EXPLORE, EXPLORE_RATE = 3, 0.95  # model steps verified before its measured acceptance decides; assumed till then
 MIN_MARGINAL = 0.05  # the least a step's generation is priced at beside prompt chunks (single-token decodes)
 MEMO_LIMIT = 4096  # batch layouts priced and kept at once: prompt chunks make new ones while prices hold
-
-
-def ubatch_sizes(counts: Sequence[int], n_ubatch: int) -> list[int]:
-    """The micro-batches llama.cpp makes of a multi-stream batch with counts[s] tokens of sequence s
-    (ordered by sequence, as the engine builds it): llama_batch_allocr::split_equal(sequential=true)
-    takes a run of consecutive sequence ids and the same number of tokens from each."""
-    rem = list(counts)
-    sizes: list[int] = []
-    while any(rem):
-        start = next(s for s, c in enumerate(rem) if c)
-        run = [start]
-        while run[-1] + 1 < len(rem) and rem[run[-1] + 1] and len(run) < n_ubatch:
-            run.append(run[-1] + 1)
-        n = max(1, min(min(rem[s] for s in run), n_ubatch // len(run)))
-        for s in run:
-            rem[s] -= n
-        sizes.append(n * len(run))
-    return sizes
-
-
-def batch_cost(counts: Sequence[int], costs: BatchCosts, n_ubatch: int) -> float:
-    """What decoding these counts costs, in single-token decodes: one pass per micro-batch."""
-    return sum(costs.relative(b) for b in ubatch_sizes(counts, n_ubatch))
-
-
-def filled(counts: Sequence[int], gen: Sequence[int]) -> list[int]:
-    """`counts` with every sequence from the first to the last generating one raised to the largest
-    generating count (a gap or a short proposal filled), so that they make one micro-batch."""
-    if not gen:
-        return list(counts)
-    lo, hi = min(gen), max(gen)
-    top = max(counts[s] for s in gen)
-    out = list(counts)
-    for s in range(lo, hi + 1):
-        if s in gen or counts[s] == 0:
-            out[s] = top
-    return out
-
-
-def fair_tokens(plan: dict[int, Choice]) -> float:
-    """The plan's expected tokens as the planner counts them: the slots' geometric mean times their number.
-    Over the sum, a plan cannot buy one stream's tokens with the others' time: every slot pays for the larger
-    batch, so a slot that drafts must gain more than the others lose (in proportion to each one's rate), and
-    drafting into what filler tokens would cost anyway stays free. With one slot, or every slot gaining
-    alike, it is the sum."""
-    if not plan:
-        return 0.0
-    return len(plan) * math.exp(math.fsum(math.log(c.expected) for c in plan.values()) / len(plan))
 
 
 @dataclass(frozen=True)
@@ -102,6 +56,7 @@ class Planner:
         self.n_slots = n_slots
         self.model_k_max = model_k_max
         self.budget = budget  # target tokens per step (prompt chunks included)
+        self.fair_step: float | None = FAIR_STEP  # None: drafts are bounded by tokens per second only
         self.draft_broken: str | None = None  # why the draft model was dropped (the engine sets it)
         self.occupancy = Occupancy()
         self.realized = Realized()
@@ -205,14 +160,12 @@ class Planner:
         if one is None:  # nothing prices a step until a single-token decode has been timed
             return {}
         pre_counts = [0] * self.n_slots
-        left = self.budget
-        for s in pre:
-            assert s.job is not None
-            n = min(len(s.job.prompt) - s.prefilled, left)
-            pre_counts[s.seq], left = max(n, 0), left - max(n, 0)
+        for s, n in prompt_chunks(pre, self.budget - len(gen), len(gen), self.fair_step is not None):
+            pre_counts[s.seq] = n
         unit = self._draft_unit()
         # the plain step's value, as the loop below prices it; drafting must beat it by MIN_GAIN
-        plain = None if pre else MIN_GAIN * self._value({s.seq: Choice("plain", 0, 1.0) for s in gen}, pre_counts, unit)
+        plain_plan = {s.seq: Choice("plain", 0, 1.0) for s in gen}
+        plain = None if pre else MIN_GAIN * self._value(plain_plan, pre_counts, unit)
         corr = 1.0 if pre else self.realized.factor(len(gen))  # drafting steps' record (engine/batch/realized.py)
         # Draft rounds hold up the whole step, prompts being read included, whose slots generate from the next
         # step on: model drafts must pay in the batch those slots make with the generating ones
@@ -222,6 +175,11 @@ class Planner:
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
+        # Fair slots: with another slot generating, drafts may add at most FAIR_STEP - 1 plain steps to the step
+        limit = None
+        if self.fair_step is not None and len(gen) >= 2:
+            limit = (self._cost(plain_plan, pre_counts, unit, whole=True)
+                     + (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True))  # fmt: skip
         # A prompt being read joins the generating slots within a step or two; else the measured rate
         self._horizon = 1.0 if pre else self.occupancy.steps_until_growth(len(gen))
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
@@ -267,6 +225,8 @@ class Planner:
                 if same in seen:  # valued at a smaller m, as much or more (m = 1 carries MIN_GAIN): no choice changes
                     continue
                 seen.add(same)
+                if limit is not None and m > 1 and self._cost(plan, pre_counts, unit, whole=True) > limit:
+                    continue
                 value = self._value(plan, pre_counts, unit, steady=True)
                 if m == 1:
                     value *= MIN_GAIN  # drafting must beat plain batching by a margin
@@ -280,6 +240,9 @@ class Planner:
             chosen, value = with_model, v
         else:
             chosen, value = free, v_free / corr
+        if limit is not None and fixed:  # a fixed draft length is kept only as far as the bound allows
+            chosen = self._trim(chosen, gen, pre_counts, unit, limit)
+            value = self._value(chosen, pre_counts, unit)
         if plain is not None and any(c.n for c in chosen.values()):  # the tokens/s it should bring, for the record
             self.predicted = value * sum(c.expected for c in chosen.values()) / fair_tokens(chosen) * MIN_GAIN / plain
         return chosen
@@ -341,9 +304,29 @@ class Planner:
             return acc.expected(k)
         return 1.0 + sum(EXPLORE_RATE ** (i + 1) for i in range(k))
 
+    def _trim(self, plan: dict[int, Choice], gen: list[Slot], pre_counts: list[int], unit: float | None,
+              limit: float) -> dict[int, Choice]:  # fmt: skip
+        """The plan with its longest drafts shortened, a token at a time, till the step fits the fair bound."""
+        plan, slots = dict(plan), {s.seq: s for s in gen}
+        while self._cost(plan, pre_counts, unit, whole=True) > limit:
+            seq, c = max(plan.items(), key=lambda item: item[1].n)
+            if c.n == 0:
+                break
+            s = slots[seq]
+            expected = (self.state.model.expected(c.n - 1) if c.source == MODEL
+                        else (s.lookup_acc or s.shadow.acceptance).expected(c.n - 1))  # fmt: skip
+            plan[seq] = Choice(c.source if c.n > 1 else "plain", c.n - 1, expected)
+        return plan
+
     def _value(self, plan: dict[int, Choice], pre_counts: list[int], unit: float | None, steady: bool = False) -> float:
         """Expected tokens over cost (single-token target decodes) of the target batch and the draft rounds
         (`steady`: as if every draft cache were caught up but for a token or two)."""
+        return fair_tokens(plan) / self._cost(plan, pre_counts, unit, steady)
+
+    def _cost(self, plan: dict[int, Choice], pre_counts: list[int], unit: float | None, steady: bool = False,
+              whole: bool = False) -> float:  # fmt: skip
+        """The step's cost in single-token target decodes, as `_value` prices it; `whole`: the time the step
+        takes, prompt chunks and every draft cache's whole catch-up included (the fair bound)."""
         counts = list(pre_counts)
         for seq, c in plan.items():
             counts[seq] = 1 + c.n
@@ -351,7 +334,7 @@ class Planner:
         full = filled(counts, list(plan))
         if sum(full) - sum(counts) <= FILLER_TOKEN_LIMIT:
             cost = min(cost, self._batch_cost(full))
-        if any(pre_counts):  # prompt chunks are paid whatever the plan: price what generation adds
+        if any(pre_counts) and not whole:  # prompt chunks are paid whatever the plan: price what generation adds
             cost = max(cost - self._batch_cost(pre_counts), MIN_MARGINAL)
         drafting = {seq: c.n for seq, c in plan.items() if c.source == MODEL and c.n}
         if drafting and unit is not None:
@@ -363,11 +346,12 @@ class Planner:
             cost += self._round(sum(min(b, 2) for b in behind.values()), unit)
             for seq, b in behind.items():
                 if b > 2 and not steady:
-                    steps_left = max(1.0, min(self._left.get(seq, 1) / plan[seq].expected, self._horizon))
+                    steps_left = 1.0 if whole else max(1.0, min(self._left.get(seq, 1) / plan[seq].expected,
+                                                                 self._horizon))  # fmt: skip
                     cost += (self._round(b, unit) - self._round(2, unit)) / steps_left
             for r in range(1, max(drafting.values())):
                 cost += self._round(sum(1 for n in drafting.values() if n > r), unit)
-        return fair_tokens(plan) / cost
+        return cost
 
     def _round(self, b: int, unit: float) -> float:
         """A draft round of b tokens in the target's units: as this engine measured rounds of b (seconds

@@ -59,6 +59,7 @@ class Slot:
     draft_offset: int = 0  # the draft cache holds context[draft_offset:]
     index: int = 0  # the next step's index
     started: float = 0.0
+    last_used: float = 0.0  # when its last job ended (perf_counter): a new job takes the longest unused slot
     t_prefill: float = 0.0
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
     shadow: ShadowScore = field(default_factory=ShadowScore)

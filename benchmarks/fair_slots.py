@@ -1,0 +1,196 @@
+"""Fair slots: what a drafting request and a chat client's background tasks cost the stream a person watches.
+
+    .venv/bin/python -m benchmarks.fair_slots [--pair P] [--rounds 5] [--results PATH]
+
+Two `specdec serve` processes at the default `--parallel`, one with fair slots (the default) and one
+with `--no-fair`, both kept up and measured in alternating rounds (ABBA), with other prompts each round:
+
+- **gaps**: a plain stream (`speculative.drafter: none`, 96 tokens) alone, then beside a request that
+  copies a passage (the n-gram lookup drafts long runs of it, auto drafter): the drafting request starts,
+  and the plain one joins once the first has streamed its first token. Per run: the plain stream's gaps
+  between content chunks (after its first), and the aggregate completion tokens/s of both requests over
+  the wall time from the first request to the last token.
+- **webui**: what Open WebUI sends. A chat's first turn streams (128 tokens); its second turn then
+  streams alone, or (another conversation) together with the three tasks Open WebUI sends after an
+  answer (title, tags, follow-up questions: non-streamed requests holding the task's instructions and
+  the chat so far, up to 1,024 tokens each), sent just before it. Per run: the second turn's time to
+  first token. The task prompts here are written for this benchmark in the shape of Open WebUI's.
+
+Greedy throughout: each request's text is the same on both servers (the "same" columns say so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from benchmarks import record
+from benchmarks.record import pair_files
+from benchmarks.serve_bench import SUBJECTS
+from tests.server_fixtures import live_server
+
+PASSAGES = [
+    "The river rose slowly through the night, and by morning the lower fields were under a sheet of brown "
+    "water. The farmers moved their animals to the hill behind the church, where the ground stays dry even in "
+    "the worst years. By noon the rain had stopped, but the water kept rising for two more days.",
+    "A good loaf needs four things: flour, water, salt and time. Mix the flour and water first and let them "
+    "rest for half an hour, then add the salt and the yeast. Fold the dough every half hour for two hours, "
+    "shape it, and let it rise overnight in a cool place before baking it in a very hot oven.",
+    "The station stood at the end of a long valley, three hours by road from the nearest town. Twice a day "
+    "a train stopped there for one minute, long enough for the post to be thrown down and a passenger or two "
+    "to climb aboard. The stationmaster kept bees, and sold honey to the drivers.",
+    "To change a bicycle tyre, first open the brake and take the wheel out of the frame. Push the valve into "
+    "the tyre, then lever one side of the tyre over the rim with two tyre levers. Pull out the tube, find the "
+    "hole, and check the inside of the tyre for the thorn or glass that made it.",
+    "Every spring the swallows came back to the barn on the same day, give or take a week. They rebuilt the "
+    "old nests under the roof with mud from the pond, and by June the young birds were already flying in and "
+    "out of the open door, catching flies above the yard until late in the evening.",
+    "The library opened at nine, but people began to queue at half past eight: students with their laptops, "
+    "old men who came for the newspapers, and mothers with small children for the reading hour. The "
+    "librarian knew most of them by name and kept a kettle going in the back room.",
+]
+QUESTIONS = ["Can you explain that in simpler words?", "What is the most surprising part of it?",
+             "Give me one example from everyday life."]  # fmt: skip
+TASKS = {  # the shape of Open WebUI's default task prompts: instructions, then the chat so far
+    "title": ("### Task:\nWrite a short title of three to five words, with one emoji, that sums up the chat "
+              "history below.\n### Guidelines:\n- Name the main subject of the conversation.\n- Use the chat's "
+              "language.\n- Keep it plain: no quotation marks.\n### Output:\nJSON: { \"title\": \"...\" }\n"
+              "### Chat History:\n<chat_history>\n{chat}\n</chat_history>"),
+    "tags": ("### Task:\nGive one to three broad tags for the main themes of the chat history below, and one to "
+             "three narrower ones.\n### Guidelines:\n- Start with broad domains (Science, History, Arts, "
+             "Technology, Health, Sports, Business, Education).\n- Add narrower subjects when the chat is about "
+             "them throughout.\n- If the chat is very short, answer [\"General\"].\n- Use the chat's "
+             "language.\n### Output:\nJSON: { \"tags\": [\"tag1\", \"tag2\"] }\n### Chat History:\n"
+             "<chat_history>\n{chat}\n</chat_history>"),
+    "follow_ups": ("### Task:\nSuggest three to five questions the user might ask next, written as the user, "
+                   "to go on with the conversation below.\n### Guidelines:\n- Ask as the user, to the "
+                   "assistant.\n- Keep each question short and about the subject.\n- Do not repeat what was "
+                   "already answered.\n- Use the chat's language.\n### Output:\nJSON: { \"follow_ups\": "
+                   "[\"Question 1?\", \"Question 2?\"] }\n### Chat History:\n<chat_history>\n{chat}\n"
+                   "</chat_history>"),
+}
+PLAIN_TOKENS, COPY_TOKENS, TURN_TOKENS, TASK_TOKENS = 96, 160, 128, 1024
+
+
+async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_tokens: int,
+                 first: asyncio.Event | None = None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+    """One streamed chat request: chunk arrival times (from the send), its text and completion tokens;
+    `first` is set at its first content chunk."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, **extra}  # fmt: skip
+    t0 = time.perf_counter()
+    times, text, tokens = [], [], 0
+    async with http.stream("POST", "/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("usage"):
+                tokens = data["usage"]["completion_tokens"]
+            if data.get("choices") and data["choices"][0]["delta"].get("content"):
+                times.append(time.perf_counter())
+                if first is not None:
+                    first.set()
+                text.append(data["choices"][0]["delta"]["content"])
+    return {"t0": t0, "times": times, "text": "".join(text), "tokens": tokens or len(times)}
+
+
+def gaps_of(run: dict[str, Any]) -> list[float]:
+    return [b - a for a, b in zip(run["times"], run["times"][1:], strict=False)]
+
+
+async def gaps_round(base: str, i: int) -> dict[str, Any]:
+    plain_msgs = [{"role": "user", "content": f"Write a few paragraphs about {SUBJECTS[i % len(SUBJECTS)]}."}]
+    passage = PASSAGES[i % len(PASSAGES)]
+    copy_msgs = [{"role": "user", "content": f"Repeat this text exactly, word for word:\n\n{passage}\n\n{passage}"}]
+    plain_only = {"speculative": {"drafter": "none"}}
+    async with httpx.AsyncClient(base_url=base, timeout=600) as http:
+        alone = await stream(http, plain_msgs, PLAIN_TOKENS, **plain_only)
+        generating = asyncio.Event()
+        copy_task = asyncio.ensure_future(stream(http, copy_msgs, COPY_TOKENS, generating))
+        await generating.wait()  # the plain stream joins once the copying request generates
+        beside = await stream(http, plain_msgs, PLAIN_TOKENS, **plain_only)
+        copy = await copy_task
+    end = max(beside["times"][-1], copy["times"][-1])
+    return {"alone_gaps": gaps_of(alone), "beside_gaps": gaps_of(beside), "plain_text": beside["text"],
+            "same_plain": alone["text"] == beside["text"], "copy_text": copy["text"],
+            "tokens": beside["tokens"] + copy["tokens"], "seconds": end - copy["t0"],
+            "aggregate_tokens_per_second": (beside["tokens"] + copy["tokens"]) / (end - copy["t0"])}  # fmt: skip
+
+
+async def turn_one(http: httpx.AsyncClient, subject: str) -> list[dict[str, str]]:
+    chat = [{"role": "user", "content": f"Tell me about {subject}."}]
+    first = await stream(http, chat, TURN_TOKENS)
+    return [*chat, {"role": "assistant", "content": first["text"]}]
+
+
+async def webui_round(base: str, i: int) -> dict[str, Any]:
+    subjects = [SUBJECTS[(2 * i + 7) % len(SUBJECTS)], SUBJECTS[(2 * i + 8) % len(SUBJECTS)]]
+    order = ("alone", "tasks") if i % 2 == 0 else ("tasks", "alone")
+    out: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=base, timeout=600) as http:
+        for kind, subject in zip(order, subjects, strict=True):
+            chat = await turn_one(http, subject)
+            second = [*chat, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+            tasks: list[asyncio.Task[Any]] = []
+            if kind == "tasks":
+                history = "\n".join(f"{m['role'].upper()}: {m['content']}" for m in chat)
+                for template in TASKS.values():
+                    body = {"messages": [{"role": "user", "content": template.replace("{chat}", history)}],
+                            "max_tokens": TASK_TOKENS, "temperature": 0, "stream": False}  # fmt: skip
+                    tasks.append(asyncio.ensure_future(http.post("/chat/completions", json=body)))
+                await asyncio.sleep(0.05)  # the tasks are sent first, as the client sends them after the answer
+            turn = await stream(http, second, 64)
+            finished = sum(t.done() for t in tasks)
+            for t in tasks:
+                t.cancel()  # the server stops them when their connections close
+            await asyncio.gather(*tasks, return_exceptions=True)
+            out[kind] = {"ttft": turn["times"][0] - turn["t0"], "text": turn["text"], "tasks_done_first": finished,
+                         "gaps": gaps_of(turn)}  # fmt: skip
+            await asyncio.sleep(1.0)  # the cancelled tasks leave their slots
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pair", default=None)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    record.add_option(ap)
+    args = ap.parse_args()
+    target, draft = pair_files(args.pair)
+    costs = record.calibrated(target, draft, args.threads)
+    common = ["--ctx-size", "4096", "--threads", str(args.threads), *(["--pair", args.pair] if args.pair else [])]
+    servers = {"fair": [], "no-fair": ["--no-fair"]}
+    rounds: list[dict[str, Any]] = []
+    with live_server(*common, *servers["fair"]) as fair, live_server(*common, *servers["no-fair"]) as unfair:
+        bases = {"fair": fair.base_url, "no-fair": unfair.base_url}
+        for base in bases.values():  # warm both up
+            asyncio.run(gaps_round(base, 99))
+        for i in range(args.rounds):
+            labels = list(bases) if i % 2 == 0 else list(reversed(bases))
+            for label in labels:
+                g = asyncio.run(gaps_round(bases[label], i))
+                w = asyncio.run(webui_round(bases[label], i))
+                rounds.append({"round": i, "server": label, "gaps": g, "webui": w})
+                print(f"round {i} {label}: gap alone {1000 * statistics.median(g['alone_gaps']):.1f} ms, longest "
+                      f"beside {1000 * max(g['beside_gaps']):.1f} ms, aggregate {g['aggregate_tokens_per_second']:.1f}"
+                      f" tok/s; webui TTFT alone {w['alone']['ttft']:.2f} s, with tasks {w['tasks']['ttft']:.2f} s",
+                      file=sys.stderr)  # fmt: skip
+    record.save(args, "fair-slots", threads=args.threads, models={"target": target, "draft": draft},
+                data={"settings": {"pair": args.pair or "default", "rounds": args.rounds, "servers": servers,
+                                   "plain_tokens": PLAIN_TOKENS, "copy_tokens": COPY_TOKENS,
+                                   "turn_tokens": TURN_TOKENS, "task_tokens": TASK_TOKENS},
+                      "costs": costs, "rounds": rounds})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

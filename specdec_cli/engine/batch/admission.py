@@ -1,0 +1,57 @@
+"""Which slot a new job takes, and which prompt chunks each step reads (engine/batch/engine.py).
+
+A job takes the free slot whose cache holds most of its prompt, where that is most of it
+(llama-server's `--slot-prompt-similarity`, 0.5); otherwise the slot used longest ago, so that a
+shared system prompt alone does not evict a conversation that comes back (a chat's next turn
+arrives beside the title, tag and follow-up requests its client sends after each answer).
+
+Prompts are read under the step's token budget. Fair (the default): the prompt with the least
+left first, since the shortest remaining prompt first gives the least time to first token on
+average, and a prompt that finishes in a step is held up by the other prompts' chunks by at most
+`FAIR_STEP - 1` of the step. Otherwise first admitted first.
+"""
+
+from __future__ import annotations
+
+from specdec_cli.engine.batch.slots import BatchJob, Slot
+from specdec_cli.engine.protocol import LoadedModel
+
+# Beside other generating slots, a step's drafts may make it at most this many times as long as the plain
+# step (every slot one token), so a stream that does not draft waits at most about FAIR_STEP times its gap
+# beside the same batch-mates without drafts (plan.py; docs/serve.md, "Fair slots").
+FAIR_STEP = 1.5
+SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to be chosen for it
+
+
+def choose_slot(target: LoadedModel, slots: list[Slot], job: BatchJob, free: list[Slot]) -> Slot:
+    busy = [s.seq for s in slots if s.job is not None]
+
+    def contiguous(slot: Slot) -> bool:
+        seqs = sorted([*busy, slot.seq])
+        return seqs[-1] - seqs[0] == len(seqs) - 1
+
+    def reuse(slot: Slot) -> int:
+        n = target.common_prefix(job.prompt, slot.seq)
+        return n if n >= SLOT_SIMILARITY * len(job.prompt) else 0
+
+    # keeping busy ids contiguous saves a pass over the weights every step; among those, the longest prefix,
+    # else the slot whose last job ended longest ago (one never used first)
+    return max(free, key=lambda s: (contiguous(s), reuse(s), -s.last_used, -s.seq))
+
+
+def prompt_chunks(pre: list[Slot], room: int, generating: int, fair: bool) -> list[tuple[Slot, int]]:
+    """(slot, tokens) to read this step, in order, within `room` tokens; `generating`: the step's other tokens."""
+    left = {s.seq: len(s.job.prompt) - s.prefilled for s in pre if s.job is not None}
+    order = sorted(pre, key=lambda s: left.get(s.seq, 0)) if fair else pre
+    out: list[tuple[Slot, int]] = []
+    placed, finishing = generating, False
+    for s in order:
+        n = min(left.get(s.seq, 0), room)
+        if fair and finishing and n < left[s.seq]:  # a prompt finishes in this step: keep it short
+            n = min(n, int((FAIR_STEP - 1) * placed))
+        if n <= 0:
+            continue
+        out.append((s, n))
+        room, placed = room - n, placed + n
+        finishing = finishing or n == left[s.seq]
+    return out
