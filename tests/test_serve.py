@@ -298,6 +298,22 @@ def test_disconnect_mid_stream_then_next_request_is_correct(
     assert ok and re.search(r"\+ \d+ tokens \((stop|length)\).*first \d+\.\d\d s, \d+\.\d\d s$", ok[-1].strip())
 
 
+def test_a_whole_answer_nobody_waits_for_is_stopped(server: LiveServer, model_id: str) -> None:
+    """A non-streamed request whose client gives up: its generation stops within a second or so (it ran to
+    its end before, holding a slot), and it is logged as a 499."""
+    body = {"model": model_id, "messages": [{"role": "user", "content": "Write a very long story about a dragon."}],
+            "max_tokens": 1024, "temperature": 0}  # fmt: skip
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server.url}/health", timeout=10).json()["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{server.url}/health", timeout=10).json()["running"] == 0
+    assert time.monotonic() < deadline - 7  # stopped within about two disconnect checks, not at the 1,024th token
+    assert any(" 499 whole, " in line and "the client went away" in line for line in server.stderr)
+    assert not any("/health" in line for line in server.stderr)  # polled by monitors: not logged
+
+
 def metric_values(server: LiveServer) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     return {k: float(v) for k, _, v in (line.rpartition(" ") for line in text.splitlines() if line[:1] != "#")}

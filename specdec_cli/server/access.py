@@ -34,6 +34,7 @@ class Record:
     accepted: int = 0
     finish: str | None = None
     closed: bool = False
+    checked: float = field(default_factory=time.perf_counter)  # when the client was last seen connected
 
     def done(self, final: Done) -> None:
         s = final.generation.stats

@@ -41,6 +41,8 @@ from specdec_cli.server.worker import Delta, Done, Failed, Job, QueueFull, Worke
 MAX_BODY_BYTES = 4 * 2**20
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"  # pages served from this machine
 RETRY_AFTER_SECONDS = 5
+DISCONNECT_CHECK_SECONDS = 0.5
+QUIET_ROUTES = ("/health", "/metrics")  # polled by monitors: counted, not logged
 SHUTDOWN_GRACE_SECONDS = 5.0  # a stream in flight at SIGINT/SIGTERM ends within this, with finish_reason and [DONE]
 
 
@@ -267,14 +269,20 @@ class Server:
         return JSONResponse(shape.whole(ev))
 
     async def _next(self, request: Request, job: Job, events: asyncio.Queue[Delta | Done | Failed]) -> Any:
-        """The job's next event; a client that disconnects cancels the job."""
+        """The job's next event; a client that disconnects cancels the job (checked every half second, while
+        events keep coming too: a long answer that nobody waits for would hold its slot to the end)."""
+        record: Record = request.state.record
         while True:
-            try:
-                return await asyncio.wait_for(events.get(), timeout=0.5)
-            except TimeoutError:
+            now = time.perf_counter()
+            if now - record.checked >= DISCONNECT_CHECK_SECONDS:
+                record.checked = now
                 if await request.is_disconnected():
                     job.cancel.set()
-                    raise ApiError(499, "client closed the request") from None
+                    raise ApiError(CLIENT_GONE, "client closed the request")
+            try:
+                return await asyncio.wait_for(events.get(), timeout=DISCONNECT_CHECK_SECONDS)
+            except TimeoutError:
+                pass
 
     async def _stream(self, job: Job, events: asyncio.Queue[Delta | Done | Failed], first: Any, shape: Shape,
                       include_usage: bool, record: Record, shutdown: anyio.Event) -> AsyncIterator[str]:  # fmt: skip
@@ -318,7 +326,7 @@ class Server:
             return
         record.closed = True
         self.metrics.requests.labels(record.route, str(status)).inc()
-        if self.log is not None:
+        if self.log is not None and record.route not in QUIET_ROUTES:
             self.log(record.line(status))
 
     def shutdown(self) -> None:
