@@ -11,10 +11,11 @@ with `--no-fair`, both kept up and measured in alternating rounds (ABBA), with o
   between content chunks (after its first), and the aggregate completion tokens/s of both requests over
   the wall time from the first request to the last token.
 - **webui**: what Open WebUI sends. A chat's first turn streams (128 tokens); its second turn then
-  streams alone, or (another conversation) together with the three tasks Open WebUI sends after an
-  answer (title, tags, follow-up questions: non-streamed requests holding the task's instructions and
-  the chat so far, up to 1,024 tokens each), sent just before it. Per run: the second turn's time to
-  first token. The task prompts here are written for this benchmark in the shape of Open WebUI's.
+  streams alone, or (another conversation) beside the three tasks Open WebUI sends as an answer ends
+  (title, tags, follow-up questions: non-streamed requests holding the task's instructions and the
+  chat so far, up to 1,024 tokens each). The second turn is sent 5 s after the answer (a person reads
+  it and types), and at once (a script). Per run: the second turn's time to first token. The task
+  prompts here are written for this benchmark in the shape of Open WebUI's.
 
 Greedy throughout: each request's text is the same on both servers (the "same" columns say so).
 """
@@ -77,6 +78,7 @@ TASKS = {  # the shape of Open WebUI's default task prompts: instructions, then 
                    "</chat_history>"),
 }
 PLAIN_TOKENS, COPY_TOKENS, TURN_TOKENS, TASK_TOKENS = 96, 160, 128, 1024
+THINK = (0.0, 5.0)  # seconds from the answer to the next turn: at once (a script), and a person's reading and typing
 
 
 async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_tokens: int,
@@ -86,7 +88,7 @@ async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_to
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}  # fmt: skip
     t0 = time.perf_counter()
-    times, text, tokens = [], [], 0
+    times, text, tokens, speculative = [], [], 0, {}
     async with http.stream("POST", "/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -95,12 +97,14 @@ async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_to
             data = json.loads(line[6:])
             if data.get("usage"):
                 tokens = data["usage"]["completion_tokens"]
+                speculative = data.get("speculative", {})
             if data.get("choices") and data["choices"][0]["delta"].get("content"):
                 times.append(time.perf_counter())
                 if first is not None:
                     first.set()
                 text.append(data["choices"][0]["delta"]["content"])
-    return {"t0": t0, "times": times, "text": "".join(text), "tokens": tokens or len(times)}
+    return {"t0": t0, "times": times, "text": "".join(text), "tokens": tokens or len(times),
+            "tokens_per_step": speculative.get("tokens_per_step")}  # fmt: skip
 
 
 def gaps_of(run: dict[str, Any]) -> list[float]:
@@ -114,6 +118,7 @@ async def gaps_round(base: str, i: int) -> dict[str, Any]:
     plain_only = {"speculative": {"drafter": "none"}}
     async with httpx.AsyncClient(base_url=base, timeout=600) as http:
         alone = await stream(http, plain_msgs, PLAIN_TOKENS, **plain_only)
+        copy_alone = await stream(http, copy_msgs, COPY_TOKENS)
         generating = asyncio.Event()
         copy_task = asyncio.ensure_future(stream(http, copy_msgs, COPY_TOKENS, generating))
         await generating.wait()  # the plain stream joins once the copying request generates
@@ -121,7 +126,8 @@ async def gaps_round(base: str, i: int) -> dict[str, Any]:
         copy = await copy_task
     end = max(beside["times"][-1], copy["times"][-1])
     return {"alone_gaps": gaps_of(alone), "beside_gaps": gaps_of(beside), "plain_text": beside["text"],
-            "same_plain": alone["text"] == beside["text"], "copy_text": copy["text"],
+            "same_plain": alone["text"] == beside["text"], "same_copy": copy_alone["text"] == copy["text"],
+            "copy_tokens_per_step": {"alone": copy_alone["tokens_per_step"], "beside": copy["tokens_per_step"]},
             "tokens": beside["tokens"] + copy["tokens"], "seconds": end - copy["t0"],
             "aggregate_tokens_per_second": (beside["tokens"] + copy["tokens"]) / (end - copy["t0"])}  # fmt: skip
 
@@ -132,8 +138,8 @@ async def turn_one(http: httpx.AsyncClient, subject: str) -> list[dict[str, str]
     return [*chat, {"role": "assistant", "content": first["text"]}]
 
 
-async def webui_round(base: str, i: int) -> dict[str, Any]:
-    subjects = [SUBJECTS[(2 * i + 7) % len(SUBJECTS)], SUBJECTS[(2 * i + 8) % len(SUBJECTS)]]
+async def webui_round(base: str, i: int, think: float) -> dict[str, Any]:
+    subjects = [SUBJECTS[(2 * i + 7 + int(think)) % len(SUBJECTS)], SUBJECTS[(2 * i + 8 + int(think)) % len(SUBJECTS)]]
     order = ("alone", "tasks") if i % 2 == 0 else ("tasks", "alone")
     out: dict[str, Any] = {}
     async with httpx.AsyncClient(base_url=base, timeout=600) as http:
@@ -147,7 +153,8 @@ async def webui_round(base: str, i: int) -> dict[str, Any]:
                     body = {"messages": [{"role": "user", "content": template.replace("{chat}", history)}],
                             "max_tokens": TASK_TOKENS, "temperature": 0, "stream": False}  # fmt: skip
                     tasks.append(asyncio.ensure_future(http.post("/chat/completions", json=body)))
-                await asyncio.sleep(0.05)  # the tasks are sent first, as the client sends them after the answer
+            # the tasks are sent as the answer ends; the person reads it and writes the next turn (`think`)
+            await asyncio.sleep(max(think, 0.05))
             turn = await stream(http, second, 64)
             finished = sum(t.done() for t in tasks)
             for t in tasks:
@@ -179,16 +186,17 @@ def main() -> None:
             labels = list(bases) if i % 2 == 0 else list(reversed(bases))
             for label in labels:
                 g = asyncio.run(gaps_round(bases[label], i))
-                w = asyncio.run(webui_round(bases[label], i))
+                w = {str(t): asyncio.run(webui_round(bases[label], i, t)) for t in THINK}
                 rounds.append({"round": i, "server": label, "gaps": g, "webui": w})
                 print(f"round {i} {label}: gap alone {1000 * statistics.median(g['alone_gaps']):.1f} ms, longest "
                       f"beside {1000 * max(g['beside_gaps']):.1f} ms, aggregate {g['aggregate_tokens_per_second']:.1f}"
-                      f" tok/s; webui TTFT alone {w['alone']['ttft']:.2f} s, with tasks {w['tasks']['ttft']:.2f} s",
+                      f" tok/s; webui TTFT alone / with tasks "
+                      + ", ".join(f"{w[t]['alone']['ttft']:.2f} / {w[t]['tasks']['ttft']:.2f} s ({t} s)" for t in w),
                       file=sys.stderr)  # fmt: skip
     record.save(args, "fair-slots", threads=args.threads, models={"target": target, "draft": draft},
                 data={"settings": {"pair": args.pair or "default", "rounds": args.rounds, "servers": servers,
                                    "plain_tokens": PLAIN_TOKENS, "copy_tokens": COPY_TOKENS,
-                                   "turn_tokens": TURN_TOKENS, "task_tokens": TASK_TOKENS},
+                                   "turn_tokens": TURN_TOKENS, "task_tokens": TASK_TOKENS, "think": THINK},
                       "costs": costs, "rounds": rounds})  # fmt: skip
 
 

@@ -1,9 +1,10 @@
 """Which slot a new job takes, and which prompt chunks each step reads (engine/batch/engine.py).
 
 A job takes the free slot whose cache holds most of its prompt, where that is most of it
-(llama-server's `--slot-prompt-similarity`, 0.5); otherwise the slot used longest ago, so that a
-shared system prompt alone does not evict a conversation that comes back (a chat's next turn
-arrives beside the title, tag and follow-up requests its client sends after each answer).
+(llama-server's `--slot-prompt-similarity`, 0.5); otherwise not the slot whose job ended last, so
+that a shared system prompt alone does not evict the conversation most likely to come back (a
+chat's next turn arrives after the title, tag and follow-up requests its client sends after each
+answer), then one that keeps the busy slots' ids contiguous, then the one used longest ago.
 
 Prompts are read under the step's token budget. Fair (the default): the prompt with the least
 left first, since the shortest remaining prompt first gives the least time to first token on
@@ -34,9 +35,12 @@ def choose_slot(target: LoadedModel, slots: list[Slot], job: BatchJob, free: lis
         n = target.common_prefix(job.prompt, slot.seq)
         return n if n >= SLOT_SIMILARITY * len(job.prompt) else 0
 
-    # keeping busy ids contiguous saves a pass over the weights every step; among those, the longest prefix,
-    # else the slot whose last job ended longest ago (one never used first)
-    return max(free, key=lambda s: (contiguous(s), reuse(s), -s.last_used, -s.seq))
+    # The longest prefix that is most of the prompt; else not the slot whose job ended last (a chat's next turn
+    # comes back to it, after the tasks its client sends); then keeping busy ids contiguous (it saves a pass
+    # over the weights every step); then the slot whose last job ended longest ago (one never used first)
+    latest = max(s.last_used for s in free)
+    return max(free, key=lambda s: (reuse(s), not (latest and s.last_used == latest), contiguous(s), -s.last_used,
+                                    -s.seq))  # fmt: skip
 
 
 def prompt_chunks(pre: list[Slot], room: int, generating: int, fair: bool) -> list[tuple[Slot, int]]:
