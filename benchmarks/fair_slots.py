@@ -89,7 +89,7 @@ async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_to
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}  # fmt: skip
     t0 = time.perf_counter()
-    times, text, tokens, speculative = [], [], 0, {}
+    times, text, tokens, speculative, prompt = [], [], 0, {}, (0, 0)
     async with http.stream("POST", "/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -98,6 +98,7 @@ async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_to
             data = json.loads(line[6:])
             if data.get("usage"):
                 tokens = data["usage"]["completion_tokens"]
+                prompt = (data["usage"]["prompt_tokens"], data["usage"]["prompt_tokens_details"]["cached_tokens"])
                 speculative = data.get("speculative", {})
             if data.get("choices") and data["choices"][0]["delta"].get("content"):
                 times.append(time.perf_counter())
@@ -105,7 +106,7 @@ async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_to
                     first.set()
                 text.append(data["choices"][0]["delta"]["content"])
     return {"t0": t0, "times": times, "text": "".join(text), "tokens": tokens or len(times),
-            "tokens_per_step": speculative.get("tokens_per_step")}  # fmt: skip
+            "tokens_per_step": speculative.get("tokens_per_step"), "prompt_tokens": prompt}  # fmt: skip
 
 
 def gaps_of(run: dict[str, Any]) -> list[float]:
@@ -166,7 +167,7 @@ async def webui_round(base: str, i: int, think: float) -> dict[str, Any]:
                 t.cancel()  # the server stops them when their connections close
             await asyncio.gather(*tasks, return_exceptions=True)
             out[kind] = {"ttft": turn["times"][0] - turn["t0"], "text": turn["text"], "tasks_done_first": finished,
-                         "gaps": gaps_of(turn)}  # fmt: skip
+                         "gaps": gaps_of(turn), "prompt_tokens": turn["prompt_tokens"]}  # fmt: skip
             await asyncio.sleep(1.0)  # the cancelled tasks leave their slots
     return out
 

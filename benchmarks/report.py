@@ -399,3 +399,50 @@ def kept() -> list[str]:
     """Every results file kept in docs/results/."""
     return sorted(p.name for p in RESULTS.glob("*.json")) if RESULTS.is_dir() else []
 
+
+
+# ------------------------------------------------------------------ benchmarks.fair_slots
+def fair_slots(name: str, base: str = "results/") -> str:
+    """Per server (fair slots on, off): the plain stream's gaps alone and beside a drafting request, their
+    aggregate tokens/s, and a chat's next-turn time to first token alone and beside a client's tasks."""
+    data = load(name)
+    st = data["settings"]
+    groups = _by(data["rounds"], "server")
+    rows = []
+    for label in st["servers"]:
+        rs = groups.get((label,), [])
+        if not rs:
+            continue
+        gaps = [r["gaps"] for r in rs]
+        alone = [statistics.median(g["alone_gaps"]) for g in gaps]
+        row = [f"`{label}`", spread(alone, ms1), spread([max(g["alone_gaps"]) for g in gaps], ms1),
+               spread([statistics.median(g["beside_gaps"]) for g in gaps], ms1),
+               spread([max(g["beside_gaps"]) for g in gaps], ms1),
+               spread([max(g["beside_gaps"]) / a for g, a in zip(gaps, alone, strict=True)], ratio),
+               spread([g["aggregate_tokens_per_second"] for g in gaps], f1)]  # fmt: skip
+        for think in map(str, st["think"]):
+            w = [r["webui"][think] for r in rs]
+            row.append(f"{spread([x['alone']['ttft'] for x in w], ms)} / {spread([x['tasks']['ttft'] for x in w], ms)}"
+                       f" ({spread([x['tasks']['ttft'] / x['alone']['ttft'] for x in w], ratio)})")  # fmt: skip
+        rows.append(row)
+    header = ["server", "gap alone (median)", "longest gap alone", "gap beside (median)", "longest gap beside",
+              "longest beside / gap alone", "aggregate tok/s beside",
+              *(f"next turn's first token: alone / beside tasks, {'at once' if not float(t) else f'{float(t):g} s later'}"
+                for t in st["think"])]  # fmt: skip
+    by_round = _by(data["rounds"], "server", "round")
+    share = [by_round[("fair", i)][0]["gaps"]["aggregate_tokens_per_second"]
+             / by_round[("no-fair", i)][0]["gaps"]["aggregate_tokens_per_second"]
+             for i in range(st["rounds"]) if ("fair", i) in by_round and ("no-fair", i) in by_round]  # fmt: skip
+    same = all(r["gaps"]["same_plain"] and r["gaps"]["same_copy"] for r in data["rounds"])
+    drafted = [r["gaps"]["copy_tokens_per_step"] for r in data["rounds"]]
+    note = (f"Pair `{st['pair']}`. Aggregate tokens/s, fair over no-fair, round by round: "
+            f"**{spread(share, ratio)}**. The copying request's tokens per step alone: "
+            f"{spread([d['alone'] for d in drafted if d['alone']], f1)}; beside the plain stream, fair: "
+            f"{spread([d['beside'] for r, d in zip(data['rounds'], drafted, strict=True) if r['server'] == 'fair'], f1)}"
+            f", no-fair: {spread([d['beside'] for r, d in zip(data['rounds'], drafted, strict=True) if r['server'] == 'no-fair'], f1)}."
+            f" Every text the same alone and beside: {'yes' if same else '**no**'}.")  # fmt: skip
+    return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
+
+
+def ms1(x: float) -> str:
+    return f"{x * 1000:.1f} ms"

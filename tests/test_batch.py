@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from specdec_cli import api
 from specdec_cli.engine.batch import plan as plan_module
+from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks
 from specdec_cli.engine.batch.occupancy import Occupancy
-from specdec_cli.engine.batch.plan import Planner
+from specdec_cli.engine.batch.plan import Choice, Planner
 from specdec_cli.engine.batch.pricing import filled, ubatch_sizes
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, SeqView, Slot
@@ -202,6 +203,78 @@ def test_one_slots_drafts_are_not_bought_with_the_others_time(monkeypatch: pytes
     monkeypatch.setattr(plan_module, "fair_tokens", lambda plan: sum(c.expected for c in plan.values()))
     monkeypatch.setattr(Planner, "_lookup_gains", lambda self, gen, caps: [0.0] + [math.inf] * 64)  # its bound
     assert set(drafts(1, 4)) == {0}  # the sum would have bought them
+
+
+def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
+    """Two slots, each batch token 0.03 of a single decode more, one slot's lookup always right: unbounded, it
+    drafts long (its gain outweighs the other's loss even in the geometric mean), and the other stream waits
+    for the longer step. With fair slots, drafts may lengthen the step by half a plain step at most. A slot
+    alone drafts as long as it pays."""
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
+    costs = BatchCosts({b: 1.0 + 0.03 * (b - 1) for b in range(2, 65)}, 0.01)
+    costs.observe(1, 0.01)
+
+    def drafts(fair: bool, n_slots: int = 2) -> tuple[int, float]:
+        """The first slot's draft length, and the step's cost over the plain step's."""
+        planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=n_slots, model_k_max=None,
+                          budget=256)  # fmt: skip
+        planner.fair_step = FAIR_STEP if fair else None
+        gen = [_slot(target, 0, [1, 2, 3, 4, 5] * 8), *(_slot(target, s, list(range(10, 50))) for s in range(1, n_slots))]
+        for table in gen[0].shadow.tables.values():
+            for _ in range(40):
+                table.observe(16, 16)
+        chosen = planner.plan(gen, [])
+        assert all(c.n == 0 for seq, c in chosen.items() if seq)
+        plain = {s.seq: Choice("plain", 0, 1.0) for s in gen}
+        full = {**plain, **chosen}
+        step = planner._cost(full, [0] * n_slots, None, whole=True) / planner._cost(plain, [0] * n_slots, None, whole=True)
+        return full[0].n, step
+
+    (unfair, unfair_step), (fair, fair_step) = drafts(False), drafts(True)
+    assert unfair >= 10 and unfair_step > FAIR_STEP
+    assert 1 <= fair < unfair and fair_step <= FAIR_STEP
+    assert drafts(True, n_slots=1)[0] >= 10
+
+    def beside_a_first_token(fair: bool) -> int:
+        """The slot alone generating while another request's prompt finishes in this step."""
+        planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=2, model_k_max=None,
+                          budget=256)  # fmt: skip
+        planner.fair_step = FAIR_STEP if fair else None
+        gen = [_slot(target, 0, [1, 2, 3, 4, 5] * 8)]
+        for table in gen[0].shadow.tables.values():
+            for _ in range(40):
+                table.observe(16, 16)
+        chosen = planner.plan(gen, [_slot(target, 1, [], prompt=list(range(60, 90)))])
+        return chosen[0].n if 0 in chosen else 0
+
+    assert beside_a_first_token(False) >= 10 and beside_a_first_token(True) == 0
+
+
+def test_prompts_are_read_shortest_first_and_a_finishing_one_is_not_held_up() -> None:
+    """Fair: a chat's next turn (20 tokens left) is read before two long task prompts, and the step that
+    finishes it takes at most half as many of their tokens again; first admitted first without fair slots."""
+    target = FakeGGUF("target.gguf", n_ctx=1024, n_seq=4)
+    slots = [_slot(target, seq, [], prompt=list(range(10, 10 + n))) for seq, n in enumerate((300, 400, 20))]
+    assert [(s.seq, n) for s, n in prompt_chunks(slots, 512, 1, fair=False)] == [(0, 300), (1, 212)]
+    assert [(s.seq, n) for s, n in prompt_chunks(slots, 512, 1, fair=True)] == [(2, 20), (0, 10)]
+    assert [(s.seq, n) for s, n in prompt_chunks(slots[:2], 512, 1, fair=True)] == [(0, 300), (1, 150)]
+
+
+def test_a_slot_is_taken_by_its_prompt_or_kept_for_the_conversation_that_ended_last() -> None:
+    """A job takes the slot whose cache holds most of its prompt; a job that shares only a system prompt with
+    the conversation that ended last (a chat client's title task) leaves that slot for the chat's next turn."""
+    target = FakeGGUF("target.gguf", n_ctx=1024, n_seq=4)
+    slots = [Slot(seq) for seq in range(4)]
+    system, chat = list(range(1, 31)), list(range(100, 400))
+    target.seq_tokens[1][:] = system + chat
+    slots[1].last_used = 2.0  # ended last
+    slots[3].last_used = 1.0
+    task = BatchJob(system + list(range(500, 800)), GenerateOptions(max_tokens=8).resolved(4), AUTO, k_max=4)
+    turn = BatchJob(system + chat + list(range(900, 920)), GenerateOptions(max_tokens=8).resolved(4), AUTO, k_max=4)
+    assert choose_slot(target, slots, turn, slots).seq == 1
+    assert choose_slot(target, slots, task, slots).seq == 0  # never used, beside nothing busy
+    slots[0].job = task
+    assert choose_slot(target, slots, task, [s for s in slots if s.job is None]).seq != 1
 
 
 def test_no_draft_rounds_while_prompts_are_read_into_a_batch_where_they_cannot_pay() -> None:

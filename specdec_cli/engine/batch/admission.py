@@ -48,14 +48,16 @@ def prompt_chunks(pre: list[Slot], room: int, generating: int, fair: bool) -> li
     left = {s.seq: len(s.job.prompt) - s.prefilled for s in pre if s.job is not None}
     order = sorted(pre, key=lambda s: left.get(s.seq, 0)) if fair else pre
     out: list[tuple[Slot, int]] = []
-    placed, finishing = generating, False
+    placed, extra = generating, None  # extra: what later chunks may add once a prompt finishes in this step
     for s in order:
         n = min(left.get(s.seq, 0), room)
-        if fair and finishing and n < left[s.seq]:  # a prompt finishes in this step: keep it short
-            n = min(n, int((FAIR_STEP - 1) * placed))
+        if extra is not None:
+            n = min(n, extra)
+            extra -= max(n, 0)
         if n <= 0:
             continue
         out.append((s, n))
         room, placed = room - n, placed + n
-        finishing = finishing or n == left[s.seq]
+        if fair and extra is None and n == left[s.seq]:  # a prompt finishes in this step: keep the step short
+            extra = int((FAIR_STEP - 1) * placed)
     return out

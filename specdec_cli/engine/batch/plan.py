@@ -160,8 +160,10 @@ class Planner:
         if one is None:  # nothing prices a step until a single-token decode has been timed
             return {}
         pre_counts = [0] * self.n_slots
+        first_token = False  # a prompt finishes in this step: its request's first token comes out of it
         for s, n in prompt_chunks(pre, self.budget - len(gen), len(gen), self.fair_step is not None):
             pre_counts[s.seq] = n
+            first_token = first_token or (s.job is not None and n == len(s.job.prompt) - s.prefilled)
         unit = self._draft_unit()
         # the plain step's value, as the loop below prices it; drafting must beat it by MIN_GAIN
         plain_plan = {s.seq: Choice("plain", 0, 1.0) for s in gen}
@@ -175,11 +177,13 @@ class Planner:
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
-        # Fair slots: with another slot generating, drafts may add at most FAIR_STEP - 1 plain steps to the step
+        # Fair slots: with another slot generating, drafts may add at most FAIR_STEP - 1 plain steps to the step,
+        # and a step that gives a request its first token takes only drafts that cost it nothing
         limit = None
-        if self.fair_step is not None and len(gen) >= 2:
-            limit = (self._cost(plain_plan, pre_counts, unit, whole=True)
-                     + (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True))  # fmt: skip
+        if self.fair_step is not None and (len(gen) >= 2 or first_token):
+            limit = self._cost(plain_plan, pre_counts, unit, whole=True)
+            if not first_token:
+                limit += (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True)
         # A prompt being read joins the generating slots within a step or two; else the measured rate
         self._horizon = 1.0 if pre else self.occupancy.steps_until_growth(len(gen))
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
