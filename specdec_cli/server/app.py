@@ -20,7 +20,6 @@ from typing import Any
 
 import anyio
 from pydantic import ValidationError
-from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -35,7 +34,7 @@ from specdec_cli.errors import SpecdecError
 from specdec_cli.server.access import CLIENT_GONE, Record
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
-from specdec_cli.server.shapes import Shape
+from specdec_cli.server.shapes import ClosingStream, Shape
 from specdec_cli.server.worker import Delta, Done, Failed, Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 4 * 2**20
@@ -254,7 +253,7 @@ class Server:
                 job.cancel.set()  # a no-op after Done; stops the generation when the client went away
                 self._finish(record, record.status or CLIENT_GONE)
 
-            return _Stream(closed, stream, ping=15, sep="\n", shutdown_event=shutdown,
+            return ClosingStream(closed, stream, ping=15, sep="\n", shutdown_event=shutdown,
                            shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
         ev = first
         try:
@@ -345,7 +344,7 @@ class Server:
                 except Exception as exc:  # never a 500 with a traceback
                     error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
                     response, record.error = error.response(), error.message
-                if not record.stream:  # a stream is finished when it ends (_Stream)
+                if not record.stream:  # a stream is finished when it ends (ClosingStream)
                     self._finish(record, response.status_code)
                 return response
 
@@ -374,21 +373,6 @@ class Server:
                                                allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST"],
                                                allow_headers=["*"], max_age=600)])  # fmt: skip
         return BodyLimit(app, MAX_BODY_BYTES)
-
-
-class _Stream(EventSourceResponse):
-    """An SSE response that calls `closed` however it ends: finished, failed, or cancelled because the client
-    went away (then the generator may never have run its `finally`, or even started)."""
-
-    def __init__(self, closed: Callable[[], None], *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.closed = closed
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.closed()
 
 
 # the request field of a parameter, where it is not the parameter's own name

@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.types import Receive, Scope, Send
 
 from specdec_cli.server.worker import Done
 
@@ -100,3 +104,18 @@ def describe(final: Done) -> dict[str, Any]:
         "accepted_by_position": [round(x, 6) for x in s.accepted_by_position],
         "drafters": s.drafters,
     }
+
+
+class ClosingStream(EventSourceResponse):
+    """An SSE response that calls `closed` however it ends: finished, failed, or cancelled because the client
+    went away (then the generator may never have run its `finally`, or even started)."""
+
+    def __init__(self, closed: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.closed = closed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.closed()

@@ -16,11 +16,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from specdec_cli.engine.batch.admission import FAIR_STEP, prompt_chunks
 from specdec_cli.engine.batch.occupancy import Occupancy
-from specdec_cli.engine.batch.pricing import batch_cost, fair_tokens, filled
+from specdec_cli.engine.batch.pricing import Choice, batch_cost, fair_tokens, filled
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, Slot
 from specdec_cli.engine.drafters import DraftRequest, Proposal
@@ -34,13 +33,6 @@ FILLER_TOKEN_LIMIT = 64  # never pad a step by more tokens than this
 EXPLORE, EXPLORE_RATE = 3, 0.95  # model steps verified before its measured acceptance decides; assumed till then
 MIN_MARGINAL = 0.05  # the least a step's generation is priced at beside prompt chunks (single-token decodes)
 MEMO_LIMIT = 4096  # batch layouts priced and kept at once: prompt chunks make new ones while prices hold
-
-
-@dataclass(frozen=True)
-class Choice:
-    source: str  # NGRAM, MODEL or "plain"
-    n: int  # tokens to draft
-    expected: float  # tokens the slot is expected to emit
 
 
 class Planner:

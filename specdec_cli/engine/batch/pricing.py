@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from specdec_cli.engine.estimates import BatchCosts
 
-if TYPE_CHECKING:
-    from specdec_cli.engine.batch.plan import Choice
+
+@dataclass(frozen=True)
+class Choice:
+    """One slot's draft in a plan."""
+
+    source: str  # NGRAM, MODEL or "plain"
+    n: int  # tokens to draft
+    expected: float  # tokens the slot is expected to emit
 
 
 def ubatch_sizes(counts: Sequence[int], n_ubatch: int) -> list[int]:
