@@ -5,11 +5,11 @@
 Two `specdec serve` processes at the default `--parallel`, one with fair slots (the default) and one
 with `--no-fair`, both kept up and measured in alternating rounds (ABBA), with other prompts each round:
 
-- **gaps**: a plain stream (`speculative.drafter: none`, 96 tokens) alone, then (another prompt) beside
-  a request that copies a passage it has copied before (the n-gram lookup drafts long runs of it, auto
-  drafter): the drafting request starts, and the plain one joins once the first has streamed its first
-  token; then the plain one alone again, for its text. Per run: the plain stream's gaps
-  between content chunks (after its first), and the aggregate completion tokens/s of both requests over
+- **gaps**: a plain stream (`speculative.drafter: none`, 96 tokens) alone; then another beside a request
+  that copies two passages it has copied before (the n-gram lookup drafts long runs of its earlier answer
+  from the token pool; auto drafter), joining once that request has streamed its first token; then, as
+  a control, a third beside the same copying request drafting nothing. Per run: the plain streams' gaps
+  between content chunks (after their first), and the aggregate completion tokens/s of each pair over
   the wall time from the first request to the last token.
 - **webui**: what Open WebUI sends. A chat's first turn streams (128 tokens); its second turn then
   streams alone, or (another conversation) beside the three tasks Open WebUI sends as an answer ends
@@ -78,7 +78,7 @@ TASKS = {  # the shape of Open WebUI's default task prompts: instructions, then 
                    "[\"Question 1?\", \"Question 2?\"] }\n### Chat History:\n<chat_history>\n{chat}\n"
                    "</chat_history>"),
 }
-PLAIN_TOKENS, COPY_TOKENS, TURN_TOKENS, TASK_TOKENS = 96, 160, 128, 1024
+PLAIN_TOKENS, COPY_TOKENS, TURN_TOKENS, TASK_TOKENS = 96, 256, 128, 1024
 THINK = (0.0, 5.0)  # seconds from the answer to the next turn: at once (a script), and a person's reading and typing
 
 
@@ -113,29 +113,40 @@ def gaps_of(run: dict[str, Any]) -> list[float]:
     return [b - a for a, b in zip(run["times"], run["times"][1:], strict=False)]
 
 
+async def beside(http: httpx.AsyncClient, first: list[dict[str, str]], second: list[dict[str, str]],
+                 **first_extra: Any) -> tuple[dict[str, Any], dict[str, Any], float]:  # fmt: skip
+    """`first` streams; `second` (a plain stream) joins once the first generates. Both runs, and the aggregate
+    completion tokens/s from the first request to the last token."""
+    generating = asyncio.Event()
+    task = asyncio.ensure_future(stream(http, first, COPY_TOKENS, generating, **first_extra))
+    await generating.wait()
+    other = await stream(http, second, PLAIN_TOKENS, speculative={"drafter": "none"})
+    run = await task
+    end = max(other["times"][-1], run["times"][-1])
+    return run, other, (run["tokens"] + other["tokens"]) / (end - run["t0"])
+
+
 async def gaps_round(base: str, i: int) -> dict[str, Any]:
-    # the stream beside has another prompt than the one alone: the same one would find its cache in a slot and
-    # take that slot wherever it is, a layout this benchmark does not mean to measure
-    plain_msgs, plain_beside = ([{"role": "user", "content": f"Write a few paragraphs about {SUBJECTS[j % len(SUBJECTS)]}."}]
-                                for j in (i, i + len(SUBJECTS) // 2))  # fmt: skip
-    passage = PASSAGES[i % len(PASSAGES)]
-    copy_msgs = [{"role": "user", "content": f"Repeat this text exactly, word for word:\n\n{passage}\n\n{passage}"}]
-    plain_only = {"speculative": {"drafter": "none"}}
+    # Each plain stream has a prompt of its own: the same prompt would find its cache in a slot and take that slot
+    # wherever it is, a layout this benchmark does not mean to measure
+    alone_msgs, beside_msgs, control_msgs = ([{"role": "user", "content": f"Write a few paragraphs about {subject}."}]
+                                             for subject in (SUBJECTS[(i + k * 17) % len(SUBJECTS)] for k in range(3)))  # fmt: skip
+    text = " ".join(PASSAGES[(i + k) % len(PASSAGES)] for k in range(2))
+    copy_msgs = [{"role": "user", "content": f"Repeat this text exactly, word for word:\n\n{text}"}]
+    plain = {"speculative": {"drafter": "none"}}
     async with httpx.AsyncClient(base_url=base, timeout=600) as http:
-        alone = await stream(http, plain_msgs, PLAIN_TOKENS, **plain_only)
-        copy_alone = await stream(http, copy_msgs, COPY_TOKENS)
-        generating = asyncio.Event()
-        copy_task = asyncio.ensure_future(stream(http, copy_msgs, COPY_TOKENS, generating))
-        await generating.wait()  # the plain stream joins once the copying request generates
-        beside = await stream(http, plain_beside, PLAIN_TOKENS, **plain_only)
-        copy = await copy_task
-        beside_alone = await stream(http, plain_beside, PLAIN_TOKENS, **plain_only)  # its text alone
-    end = max(beside["times"][-1], copy["times"][-1])
-    return {"alone_gaps": gaps_of(alone), "beside_gaps": gaps_of(beside), "plain_text": beside["text"],
-            "same_plain": beside_alone["text"] == beside["text"], "same_copy": copy_alone["text"] == copy["text"],
+        alone = await stream(http, alone_msgs, PLAIN_TOKENS, **plain)
+        copy_alone = await stream(http, copy_msgs, COPY_TOKENS)  # its answer goes to the token pool: long runs
+        copy, plain_beside, aggregate = await beside(http, copy_msgs, beside_msgs)
+        # the control: the same copying request drafting nothing, beside another plain stream
+        copy_plain, plain_control, aggregate_control = await beside(http, copy_msgs, control_msgs, **plain)
+        again = await stream(http, beside_msgs, PLAIN_TOKENS, **plain)  # the stream beside, alone: its text
+    return {"alone_gaps": gaps_of(alone), "beside_gaps": gaps_of(plain_beside), "control_gaps": gaps_of(plain_control),
+            "same_plain": again["text"] == plain_beside["text"],
+            "same_copy": copy_alone["text"] == copy["text"] == copy_plain["text"],
             "copy_tokens_per_step": {"alone": copy_alone["tokens_per_step"], "beside": copy["tokens_per_step"]},
-            "tokens": beside["tokens"] + copy["tokens"], "seconds": end - copy["t0"],
-            "aggregate_tokens_per_second": (beside["tokens"] + copy["tokens"]) / (end - copy["t0"])}  # fmt: skip
+            "copy_tokens": copy["tokens"], "aggregate_tokens_per_second": aggregate,
+            "control_aggregate_tokens_per_second": aggregate_control}  # fmt: skip
 
 
 async def turn_one(http: httpx.AsyncClient, subject: str) -> list[dict[str, str]]:

@@ -403,30 +403,32 @@ def kept() -> list[str]:
 
 # ------------------------------------------------------------------ benchmarks.fair_slots
 def fair_slots(name: str, base: str = "results/") -> str:
-    """Per server (fair slots on, off): the plain stream's gaps alone and beside a drafting request, their
-    aggregate tokens/s, and a chat's next-turn time to first token alone and beside a client's tasks."""
+    """Per server (fair slots on, off): a plain stream's gaps alone, beside a drafting request and beside the
+    same request drafting nothing, the pairs' aggregate tokens/s, and a chat's next turn's time to first token
+    alone and beside its client's tasks."""
     data = load(name)
     st = data["settings"]
     groups = _by(data["rounds"], "server")
     rows = []
     for label in st["servers"]:
-        rs = groups.get((label,), [])
-        if not rs:
+        gaps = [r["gaps"] for r in groups.get((label,), [])]
+        if not gaps:
             continue
-        gaps = [r["gaps"] for r in rs]
         alone = [statistics.median(g["alone_gaps"]) for g in gaps]
         row = [f"`{label}`", spread(alone, ms1), spread([max(g["alone_gaps"]) for g in gaps], ms1),
-               spread([statistics.median(g["beside_gaps"]) for g in gaps], ms1),
                spread([max(g["beside_gaps"]) for g in gaps], ms1),
                spread([max(g["beside_gaps"]) / a for g, a in zip(gaps, alone, strict=True)], ratio),
-               spread([g["aggregate_tokens_per_second"] for g in gaps], f1)]  # fmt: skip
+               spread([max(g["control_gaps"]) / a for g, a in zip(gaps, alone, strict=True)], ratio),
+               spread([g["aggregate_tokens_per_second"] for g in gaps], f1),
+               spread([g["control_aggregate_tokens_per_second"] for g in gaps], f1)]  # fmt: skip
         for think in map(str, st["think"]):
-            w = [r["webui"][think] for r in rs]
+            w = [r["webui"][think] for r in groups[(label,)]]
             row.append(f"{spread([x['alone']['ttft'] for x in w], ms)} / {spread([x['tasks']['ttft'] for x in w], ms)}"
                        f" ({spread([x['tasks']['ttft'] / x['alone']['ttft'] for x in w], ratio)})")  # fmt: skip
         rows.append(row)
-    header = ["server", "gap alone (median)", "longest gap alone", "gap beside (median)", "longest gap beside",
-              "longest beside / gap alone", "aggregate tok/s beside",
+    header = ["server", "gap alone (median)", "longest gap alone", "longest gap beside the drafting request",
+              "longest beside / gap alone", "longest beside it drafting nothing / gap alone",
+              "aggregate tok/s beside it", "aggregate tok/s, drafting nothing",
               *(f"next turn's first token: alone / beside tasks, {'at once' if not float(t) else f'{float(t):g} s later'}"
                 for t in st["think"])]  # fmt: skip
     by_round = _by(data["rounds"], "server", "round")
@@ -434,13 +436,18 @@ def fair_slots(name: str, base: str = "results/") -> str:
              / by_round[("no-fair", i)][0]["gaps"]["aggregate_tokens_per_second"]
              for i in range(st["rounds"]) if ("fair", i) in by_round and ("no-fair", i) in by_round]  # fmt: skip
     same = all(r["gaps"]["same_plain"] and r["gaps"]["same_copy"] for r in data["rounds"])
-    drafted = [r["gaps"]["copy_tokens_per_step"] for r in data["rounds"]]
-    note = (f"Pair `{st['pair']}`. Aggregate tokens/s, fair over no-fair, round by round: "
-            f"**{spread(share, ratio)}**. The copying request's tokens per step alone: "
-            f"{spread([d['alone'] for d in drafted if d['alone']], f1)}; beside the plain stream, fair: "
-            f"{spread([d['beside'] for r, d in zip(data['rounds'], drafted, strict=True) if r['server'] == 'fair'], f1)}"
-            f", no-fair: {spread([d['beside'] for r, d in zip(data['rounds'], drafted, strict=True) if r['server'] == 'no-fair'], f1)}."
-            f" Every text the same alone and beside: {'yes' if same else '**no**'}.")  # fmt: skip
+
+    def per_step(label: str, where: str) -> str:
+        return spread([r["gaps"]["copy_tokens_per_step"][where] for r in data["rounds"] if r["server"] == label
+                       and r["gaps"]["copy_tokens_per_step"][where]], f1)  # fmt: skip
+
+    note = (f"Pair `{st['pair']}`. Aggregate tokens/s of the plain stream and the drafting request, fair over "
+            f"no-fair, round by round: **{spread(share, ratio)}**. The copying request ({spread([r['gaps']['copy_tokens'] for r in data['rounds']], f1)} "
+            f"tokens) emitted tokens per step alone: {per_step('fair', 'alone')}; beside the plain stream, fair: "
+            f"{per_step('fair', 'beside')}, no-fair: {per_step('no-fair', 'beside')}. Every text the same "
+            f"alone and beside: {'yes' if same else '**no**'}. Measured before the servers started: a target "
+            f"token {data['costs']['target_ms']:.1f} ms; batches of 2, 3 and 5 tokens cost "
+            + ", ".join(f2(data["costs"]["batch"][b]) for b in ("2", "3", "5")) + " single decodes.")  # fmt: skip
     return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
 
 

@@ -285,6 +285,8 @@ def main() -> None:
     ap.add_argument("--in-process", action="store_true",
                     help="also run specdec --no-draft without HTTP (Speculator.stream from the client threads): "
                          "what the server layer costs")
+    ap.add_argument("--no-fair", action="store_true",
+                    help="also run specdec auto with --no-fair: what fair slots cost in tokens per second")
     ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
     record.add_option(ap)
     args = ap.parse_args()
@@ -305,6 +307,10 @@ def main() -> None:
                                                     slots(c), "--no-draft", *pair_flags,
                                                     env={"SPECDEC_CALIBRATE": "1"}, timeout=300),
     }  # fmt: skip
+    if args.no_fair:
+        servers["specdec auto --no-fair"] = lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64",
+                                                                  "--parallel", slots(c), "--no-fair", *pair_flags,
+                                                                  env={"SPECDEC_CALIBRATE": "1"}, timeout=300)  # fmt: skip
     if args.in_process:
         def in_process(c: int) -> Any:
             from specdec_cli import api
