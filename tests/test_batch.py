@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from specdec_cli import api
 from specdec_cli.engine.batch import plan as plan_module
-from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks
+from specdec_cli.engine.batch.admission import (
+    FAIR_STEP,
+    MIN_CHUNK,
+    PROMPT_STEP_SECONDS,
+    choose_slot,
+    prompt_chunks,
+    prompt_room,
+)
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.plan import Choice, Planner
 from specdec_cli.engine.batch.pricing import filled, ubatch_sizes
@@ -258,6 +265,18 @@ def test_prompts_are_read_shortest_first_and_a_finishing_one_is_not_held_up() ->
     assert [(s.seq, n) for s, n in prompt_chunks(slots, 512, 1, fair=False)] == [(0, 300), (1, 212)]
     assert [(s.seq, n) for s, n in prompt_chunks(slots, 512, 1, fair=True)] == [(2, 20), (0, 10)]
     assert [(s.seq, n) for s, n in prompt_chunks(slots[:2], 512, 1, fair=True)] == [(0, 300), (1, 150)]
+
+
+def test_beside_other_requests_a_step_reads_a_tenth_of_a_second_of_prompt() -> None:
+    """A request alone reads its prompt in whole budgets; beside others (or with others waiting to be read), a
+    step reads as much as fits in PROMPT_STEP_SECONDS at the measured costs, so that a request arriving
+    meanwhile waits for that much, not for the whole budget."""
+    costs = BatchCosts({b: 1.0 + 0.25 * (b - 1) for b in range(2, 300)}, 0.01)
+    costs.observe(1, 0.01)  # 10 ms a token, each more a quarter of it: 0.1 s is 37 tokens
+    assert prompt_room(costs, 0, 1, 256) == 256
+    room = prompt_room(costs, 2, 3, 256)
+    assert costs.relative(2 + room) * 0.01 <= PROMPT_STEP_SECONDS < costs.relative(3 + room) * 0.01
+    assert prompt_room(BatchCosts({b: 50.0 * b for b in range(2, 300)}, 0.01), 2, 3, 256) == MIN_CHUNK
 
 
 def test_a_slot_is_taken_by_its_prompt_or_kept_for_the_conversation_that_ended_last() -> None:

@@ -226,7 +226,8 @@ class BatchEngine:
             counts[s.seq] = len(toks)
         room = self.budget - sum(counts)
         prefill_done: list[Slot] = []
-        for s, n in prompt_chunks(pre, room, sum(counts), self.fair):  # under the step's token budget
+        reading = min(room, self.planner.prompt_room(sum(counts), len(gen) + len(pre)))
+        for s, n in prompt_chunks(pre, reading, sum(counts), self.fair):  # under the step's token budget
             assert s.job is not None
             prompt = s.job.prompt
             chunk = prompt[s.prefilled : s.prefilled + n]

@@ -17,7 +17,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from specdec_cli.engine.batch.admission import FAIR_STEP, prompt_chunks
+from specdec_cli.engine.batch.admission import FAIR_STEP, prompt_chunks, prompt_room
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.pricing import Choice, batch_cost, fair_tokens, filled
 from specdec_cli.engine.batch.realized import Realized
@@ -153,7 +153,8 @@ class Planner:
             return {}
         pre_counts = [0] * self.n_slots
         first_token = False  # a prompt finishes in this step: its request's first token comes out of it
-        for s, n in prompt_chunks(pre, self.budget - len(gen), len(gen), self.fair_step is not None):
+        for s, n in prompt_chunks(pre, self.prompt_room(len(gen), len(gen) + len(pre)), len(gen),
+                                  self.fair_step is not None):  # fmt: skip
             pre_counts[s.seq] = n
             first_token = first_token or (s.job is not None and n == len(s.job.prompt) - s.prefilled)
         unit = self._draft_unit()
@@ -242,6 +243,11 @@ class Planner:
         if plain is not None and any(c.n for c in chosen.values()):  # the tokens/s it should bring, for the record
             self.predicted = value * sum(c.expected for c in chosen.values()) / fair_tokens(chosen) * MIN_GAIN / plain
         return chosen
+
+    def prompt_room(self, generating: int, busy: int) -> int:
+        """The prompt tokens this step may read (admission.py's `prompt_room` when fair, else the budget)."""
+        room = self.budget - generating
+        return room if self.fair_step is None else min(room, prompt_room(self.state.costs, generating, busy, room))
 
     def _heads_lookup(self, s: Slot, cap: int) -> None:
         """The heads' guesses (drafters/medusa.py) replace the slot's lookup where they are worth more (for a
