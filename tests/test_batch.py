@@ -18,6 +18,7 @@ from specdec_cli.engine.batch import plan as plan_module
 from specdec_cli.engine.batch.admission import (
     FAIR_STEP,
     MIN_CHUNK,
+    PROMPT_ALONE_SECONDS,
     PROMPT_STEP_SECONDS,
     choose_slot,
     prompt_chunks,
@@ -268,12 +269,14 @@ def test_prompts_are_read_shortest_first_and_a_finishing_one_is_not_held_up() ->
 
 
 def test_beside_other_requests_a_step_reads_a_tenth_of_a_second_of_prompt() -> None:
-    """A request alone reads its prompt in whole budgets; beside others (or with others waiting to be read), a
-    step reads as much as fits in PROMPT_STEP_SECONDS at the measured costs, so that a request arriving
-    meanwhile waits for that much, not for the whole budget."""
+    """A step reads as much prompt as fits in PROMPT_ALONE_SECONDS at the measured costs for a request alone
+    (the whole budget where that fits), and PROMPT_STEP_SECONDS beside others (or with others waiting to be
+    read): a request arriving meanwhile waits for that much, not for the whole budget."""
     costs = BatchCosts({b: 1.0 + 0.25 * (b - 1) for b in range(2, 300)}, 0.01)
     costs.observe(1, 0.01)  # 10 ms a token, each more a quarter of it: 0.1 s is 37 tokens
-    assert prompt_room(costs, 0, 1, 256) == 256
+    alone = prompt_room(costs, 0, 1, 256)
+    assert costs.relative(alone) * 0.01 <= PROMPT_ALONE_SECONDS < costs.relative(alone + 1) * 0.01
+    assert prompt_room(BatchCosts({b: 1.0 + 0.01 * (b - 1) for b in range(2, 300)}, 0.01), 0, 1, 256) == 256
     room = prompt_room(costs, 2, 3, 256)
     assert costs.relative(2 + room) * 0.01 <= PROMPT_STEP_SECONDS < costs.relative(3 + room) * 0.01
     assert prompt_room(BatchCosts({b: 50.0 * b for b in range(2, 300)}, 0.01), 2, 3, 256) == MIN_CHUNK

@@ -6,8 +6,8 @@ that a shared system prompt alone does not evict the conversation most likely to
 chat's next turn arrives after the title, tag and follow-up requests its client sends after each
 answer), then one that keeps the busy slots' ids contiguous, then the one used longest ago.
 
-Prompts are read under the step's token budget. Fair (the default): beside other requests, a step
-reads no more prompt than fits in PROMPT_STEP_SECONDS; the prompt with the least left goes first,
+Prompts are read under the step's token budget. Fair (the default): a step reads no more prompt
+than fits in PROMPT_STEP_SECONDS beside other requests (PROMPT_ALONE_SECONDS alone); the prompt with the least left goes first,
 since the shortest remaining prompt first gives the least time to first token on average; and a
 prompt that finishes in a step is held up by the other prompts' chunks by at most `FAIR_STEP - 1`
 of the step. Otherwise first admitted first, up to the budget.
@@ -23,9 +23,11 @@ from specdec_cli.engine.protocol import LoadedModel
 # step (every slot one token), so a stream that does not draft waits at most about FAIR_STEP times its gap
 # beside the same batch-mates without drafts (plan.py; docs/serve.md, "Fair slots").
 FAIR_STEP = 1.5
-# Beside other requests, a step reads at most this much prompt (the exact kernels read a prompt as fast in
-# chunks of a few dozen tokens as in chunks of hundreds on the packaged targets; bandwidth-bound ones lose some)
+# A step reads at most this much prompt beside other requests, and alone (a request may arrive meanwhile).
+# The exact kernels read the packaged Q4_1 target's prompts as fast in chunks of 16 tokens as of 256; the
+# bandwidth-bound F32 one reads them about 10% slower in chunks of 64, 3% in chunks of 128.
 PROMPT_STEP_SECONDS = 0.1
+PROMPT_ALONE_SECONDS = 0.25
 MIN_CHUNK = 8
 SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to be chosen for it
 
@@ -50,16 +52,17 @@ def choose_slot(target: LoadedModel, slots: list[Slot], job: BatchJob, free: lis
 
 
 def prompt_room(costs: BatchCosts, generating: int, busy: int, budget: int) -> int:
-    """The prompt tokens a fair step may read with `busy` requests in the slots: all of the budget for a request
-    alone; beside others, as many as keep the step within PROMPT_STEP_SECONDS (at least MIN_CHUNK), so that a
-    request arriving meanwhile, or a stream beside, waits at most about that long for it."""
+    """The prompt tokens a fair step may read with `busy` requests in the slots: as many as keep the step within
+    PROMPT_STEP_SECONDS beside other requests, PROMPT_ALONE_SECONDS for a request alone (at least MIN_CHUNK),
+    so that a request arriving meanwhile, or a stream beside, waits at most about that long for it."""
     one = costs.one
-    if busy <= 1 or one is None:
+    if one is None:
         return budget
-    lo, hi = MIN_CHUNK, budget  # the largest n with relative(generating + n) * one <= PROMPT_STEP_SECONDS
+    seconds = PROMPT_STEP_SECONDS if busy > 1 else PROMPT_ALONE_SECONDS
+    lo, hi = min(MIN_CHUNK, budget), budget  # the largest n with relative(generating + n) * one <= seconds
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if costs.relative(generating + mid) * one <= PROMPT_STEP_SECONDS:
+        if costs.relative(generating + mid) * one <= seconds:
             lo = mid
         else:
             hi = mid - 1
