@@ -254,7 +254,7 @@ class Server:
                 self._finish(record, record.status or CLIENT_GONE)
 
             return ClosingStream(closed, stream, ping=15, sep="\n", shutdown_event=shutdown,
-                           shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
+                                 shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
         ev = first
         try:
             while not isinstance(ev, Done):

@@ -4,17 +4,19 @@ Continuous batching as llama-server does it, with speculation in the same batch.
 target and the draft each hold `n_slots` sequences (one KV stream each: see
 `Model`), and a step is:
 
-1. admit waiting jobs into free slots (the slot whose cache shares the longest
-   prefix with the prompt, among those that keep the busy slots' sequence ids
-   contiguous where one does);
+1. admit waiting jobs into free slots (the slot whose cache holds most of the
+   prompt, else not the one whose job ended last, keeping the busy slots'
+   sequence ids contiguous where that is possible: engine/batch/admission.py);
 2. plan: for every generating slot, how many tokens to draft and from where
    (the n-gram lookup, the draft model, or none), chosen together to maximise the
-   expected tokens per second of the whole batch (`Planner.plan`, engine/batch/plan.py);
+   expected tokens per second of the whole batch, within the fair bound on the
+   step's time (`Planner.plan`, engine/batch/plan.py);
 3. draft: model drafts of all slots in batched rounds in the draft context (a
    draft cache catches up on at most `WINDOW` recent tokens: prompts are not
    prefilled into the draft, so that they do not delay the first token);
 4. ONE target decode: each generating slot's [pending, drafts...], prompt chunks
-   of admitted jobs under the per-step token budget, and filler tokens where they
+   of admitted jobs under the per-step token budget (fair: shortest first, a tenth
+   of a second of them beside other requests), and filler tokens where they
    are cheaper than the extra pass an uneven batch costs (`ubatch_sizes`);
 5. verify each slot exactly as a solo run does (`SpeculativeGenerator.verify`).
 
@@ -159,9 +161,11 @@ class BatchEngine:
             self._start(job, choose_slot(self.target, self.slots, job, free))
 
     def set_fair(self, fair: bool) -> None:
-        """Fair slots (on by default): drafts may lengthen a step by at most `FAIR_STEP` plain steps while another
-        slot generates (plan.py), and prompts are read shortest first, a prompt that finishes in a step not
-        held up by more than half by the others' chunks. Off: the most tokens per second over all slots."""
+        """Fair slots (on by default): while another slot generates, drafts may lengthen a step to at most
+        `FAIR_STEP` plain steps, and a step that finishes a prompt takes only free drafts (plan.py); a step reads
+        a bounded time of prompt, shortest first, and a prompt that finishes in it is not held up by more than
+        half by the others' chunks (admission.py). Off: the most tokens per second over all slots, the whole
+        token budget of prompt per step, first admitted first."""
         self.fair = fair
         self.planner.fair_step = FAIR_STEP if fair else None
 

@@ -7,7 +7,9 @@ to one micro-batch where that is cheaper, less what the step's prompt chunks cos
 draft rounds. A plan with model
 drafts must win in the steady state and again with its caches' one-time catch-up spread over the
 steps it can pay back in (engine/batch/occupancy.py). Drafting plans are then scaled by how such steps
-really turned out against their prediction (engine/batch/realized.py). docs/design.md, "Several requests
+really turned out against their prediction (engine/batch/realized.py). With fair slots, a plan whose whole
+step time passes FAIR_STEP plain steps beside another generating slot, or that adds time to a step giving
+a request its first token, is not taken (engine/batch/admission.py). docs/design.md, "Several requests
 in one batch", tells the whole story.
 """
 
