@@ -213,8 +213,9 @@ def test_the_cli_runs_the_heads_and_refuses_a_missing_or_foreign_file(tmp_path: 
 
 def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Model) -> None:
     """Four slots in one batch with hidden states on (engine/batch/): each slot's guesses come from its own
-    rows, prompt chunks and fillers move no row, and every request is the target's own greedy text. The heads
-    are fitted to these very answers (so that they pay and are verified)."""
+    rows, prompt chunks move no row, and every request is the target's own greedy text, with fair slots off
+    and on (their layouts found a filler-only sequence changing a later one's token while hidden states were
+    on: no fillers then). The heads are fitted to these very answers (so that they pay and are verified)."""
     import threading
 
     from specdec_cli import api
@@ -245,7 +246,8 @@ def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Mo
         def one(i: int, drafter: str, out: dict[int, api.Generation]) -> None:
             out[i] = par.generate(prompts[i], max_tokens=40, drafter=drafter)
 
-        for drafter in ("heads", "auto"):
+        for drafter, fair in (("heads", False), ("auto", False), ("heads", True)):
+            par.batch_engine().set_fair(fair)  # fair slots keep the heads' drafts off beside three streams
             out: dict[int, api.Generation] = {}
             threads = [threading.Thread(target=one, args=(i, drafter, out)) for i in range(len(prompts))]
             for t in threads:
@@ -254,7 +256,7 @@ def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Mo
                 t.join(300)
             for i in range(len(prompts)):
                 assert out[i].token_ids == alone[i], (drafter, prompts[i])
-            assert sum(g.stats.accepted for g in out.values()) > 20, drafter
+            assert fair or sum(g.stats.accepted for g in out.values()) > 20, drafter
 
 
 def test_the_cost_gate_skips_guesses_that_cost_time_and_do_not_pay() -> None:

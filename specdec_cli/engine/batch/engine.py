@@ -241,14 +241,16 @@ class BatchEngine:
             room -= n
             if last:
                 prefill_done.append(s)
-        fill = self.planner.fillers(counts, [s.seq for s in gen], room)
+        # hidden states for the heads: a step without prompt chunks only (with them on, every prompt token
+        # would be an output); a slot without one this step drafts from its lookup next step
+        hidden_on = self.heads is not None and not pre
+        # No fillers while hidden states are on: with every row an output, a filler-only sequence between
+        # generating ones changed a later sequence's greedy token (tests/test_medusa.py, fair slots' layouts)
+        fill = {} if hidden_on else self.planner.fillers(counts, [s.seq for s in gen], room)
         for seq, n in fill.items():  # fillers after a sequence's own tokens, without logits
             toks, n_logits, _ = parts.get(seq, ([], 0, 0))
             parts[seq] = (toks + [self._filler_token(seq)] * n, n_logits, n)
         ordered = sorted(parts)
-        # hidden states for the heads: a step without prompt chunks only (with them on, every prompt token
-        # would be an output); a slot without one this step drafts from its lookup next step
-        hidden_on = self.heads is not None and not pre
         if hidden_on != self.target_hidden:
             self.target.set_hidden(hidden_on)
             self.target_hidden = hidden_on
