@@ -81,7 +81,6 @@ class BatchEngine:
             for slot in self.slots:
                 slot.heads, slot.heads_shadow = HeadsDrafter(heads), ShadowScore(state.heads.tables)
         self.budget = target.n_batch
-        self.fair = True
         self.planner = Planner(target, draft, state, draft_costs or BatchCosts(), n_slots=len(self.slots),
                                model_k_max=model_k_max, budget=self.budget)  # fmt: skip
         self.target_hidden = False  # the target returns hidden states (set per step)
@@ -166,8 +165,11 @@ class BatchEngine:
         a bounded time of prompt, shortest first, and a prompt that finishes in it is not held up by more than
         half by the others' chunks (admission.py). Off: the most tokens per second over all slots, the whole
         token budget of prompt per step, first admitted first."""
-        self.fair = fair
         self.planner.fair_step = FAIR_STEP if fair else None
+
+    @property
+    def fair(self) -> bool:
+        return self.planner.fair_step is not None
 
     def _start(self, job: BatchJob, slot: Slot) -> None:
         try:
