@@ -15,7 +15,8 @@ with `--no-fair`, both kept up and measured in alternating rounds (ABBA), with o
   streams alone, or (another conversation) beside the three tasks Open WebUI sends as an answer ends
   (title, tags, follow-up questions: non-streamed requests holding the task's instructions and the
   chat so far, up to 1,024 tokens each). The second turn is sent 5 s after the answer (a person reads
-  it and types), and at once (a script). Per run: the second turn's time to first token. The task
+  it and types: the tasks generate), 2 s after it (the tasks' prompts are still being read), and at once
+  (a script). Per run: the second turn's time to first token. The task
   prompts here are written for this benchmark in the shape of Open WebUI's.
 
 Greedy throughout: each request's text is the same on both servers (the "same" columns say so).
@@ -79,7 +80,8 @@ TASKS = {  # the shape of Open WebUI's default task prompts: instructions, then 
                    "</chat_history>"),
 }
 PLAIN_TOKENS, COPY_TOKENS, TURN_TOKENS, TASK_TOKENS = 96, 256, 128, 1024
-THINK = (0.0, 5.0)  # seconds from the answer to the next turn: at once (a script), and a person's reading and typing
+THINK = (0.0, 2.0, 5.0)  # seconds from the answer to the next turn: at once (a script), a quick reply while the
+# tasks' prompts are still read, and a person's reading and typing
 
 
 async def stream(http: httpx.AsyncClient, messages: list[dict[str, str]], max_tokens: int,
@@ -188,6 +190,7 @@ def main() -> None:
     ap.add_argument("--pair", default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", choices=("gaps", "webui"), default=None, help="one of the two workloads (a quick look)")
     record.add_option(ap)
     args = ap.parse_args()
     target, draft = pair_files(args.pair)
@@ -199,21 +202,26 @@ def main() -> None:
         bases = {"fair": fair.base_url, "no-fair": unfair.base_url}
         for base in bases.values():  # warm both up
             asyncio.run(gaps_round(base, 99))
+        if args.only:
+            print(f"--only {args.only}: a quick look; the report reads files with both workloads", file=sys.stderr)
         for i in range(args.rounds):
             labels = list(bases) if i % 2 == 0 else list(reversed(bases))
             for label in labels:
-                g = asyncio.run(gaps_round(bases[label], i))
-                w = {str(t): asyncio.run(webui_round(bases[label], i, t)) for t in THINK}
+                g = asyncio.run(gaps_round(bases[label], i)) if args.only != "webui" else None
+                w = {str(t): asyncio.run(webui_round(bases[label], i, t)) for t in THINK} if args.only != "gaps" else None
                 rounds.append({"round": i, "server": label, "gaps": g, "webui": w})
-                print(f"round {i} {label}: gap alone {1000 * statistics.median(g['alone_gaps']):.1f} ms, longest "
-                      f"beside {1000 * max(g['beside_gaps']):.1f} ms, aggregate {g['aggregate_tokens_per_second']:.1f}"
-                      f" tok/s; webui TTFT alone / with tasks "
-                      + ", ".join(f"{w[t]['alone']['ttft']:.2f} / {w[t]['tasks']['ttft']:.2f} s ({t} s)" for t in w),
-                      file=sys.stderr)  # fmt: skip
+                print(f"round {i} {label}:"
+                      + (f" gap alone {1000 * statistics.median(g['alone_gaps']):.1f} ms (longest "
+                         f"{1000 * max(g['alone_gaps']):.1f}), longest beside {1000 * max(g['beside_gaps']):.1f} ms,"
+                         f" aggregate {g['aggregate_tokens_per_second']:.1f} tok/s;" if g else "")
+                      + (" webui TTFT alone / with tasks "
+                         + ", ".join(f"{w[t]['alone']['ttft']:.3f} / {w[t]['tasks']['ttft']:.3f} s ({t} s)" for t in w)
+                         if w else ""), file=sys.stderr)  # fmt: skip
     record.save(args, "fair-slots", threads=args.threads, models={"target": target, "draft": draft},
                 data={"settings": {"pair": args.pair or "default", "rounds": args.rounds, "servers": servers,
                                    "plain_tokens": PLAIN_TOKENS, "copy_tokens": COPY_TOKENS,
-                                   "turn_tokens": TURN_TOKENS, "task_tokens": TASK_TOKENS, "think": THINK},
+                                   "turn_tokens": TURN_TOKENS, "task_tokens": TASK_TOKENS, "think": THINK,
+                                   "only": args.only},
                       "costs": costs, "rounds": rounds})  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import Counter
@@ -16,13 +17,16 @@ from hypothesis import strategies as st
 from specdec_cli import api
 from specdec_cli.engine.batch import plan as plan_module
 from specdec_cli.engine.batch.admission import (
+    FAIR_GAP,
     FAIR_STEP,
     MIN_CHUNK,
     PROMPT_ALONE_SECONDS,
+    PROMPT_BACKGROUND_SECONDS,
     PROMPT_STEP_SECONDS,
     choose_slot,
     prompt_chunks,
     prompt_room,
+    taking_part,
 )
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.plan import Choice, Planner
@@ -31,9 +35,11 @@ from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.estimates import MIN_GAIN, Acceptance, BatchCosts
+from specdec_cli.engine.events import Step
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.settings import AUTO, MODEL, GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
+from specdec_cli.generation import GenerationRun
 from tests.conftest import THREADS
 from tests.distribution import P_THRESHOLD, PROMPT, SAMPLER, chi_square, reference
 from tests.fakes import FakeGGUF
@@ -214,16 +220,17 @@ def test_one_slots_drafts_are_not_bought_with_the_others_time(monkeypatch: pytes
 
 
 def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
-    """Two slots, each batch token 0.03 of a single decode more, one slot's lookup always right: unbounded, it
-    drafts long (its gain outweighs the other's loss even in the geometric mean), and the other stream waits
-    for the longer step. With fair slots, drafts may lengthen the step by half a plain step at most. A slot
-    alone drafts as long as it pays."""
+    """Two slots on a bandwidth-bound target (a batch of b tokens costs b**0.4 single decodes), one slot's lookup
+    always right: unbounded, it drafts long (its gain outweighs the other's loss even in the geometric mean), and
+    the other stream waits for the longer step. With fair slots, drafts may make the step FAIR_STEP plain steps
+    or FAIR_GAP single decodes long, whichever is longer: here FAIR_GAP, which lets it draft more than FAIR_STEP
+    would. A slot alone drafts as long as it pays."""
     target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
-    costs = BatchCosts({b: 1.0 + 0.03 * (b - 1) for b in range(2, 65)}, 0.01)
+    costs = BatchCosts({b: b**0.4 for b in range(2, 65)}, 0.01)
     costs.observe(1, 0.01)
 
-    def drafts(fair: bool, n_slots: int = 2) -> tuple[int, float]:
-        """The first slot's draft length, and the step's cost over the plain step's."""
+    def drafts(fair: bool, n_slots: int = 2) -> tuple[int, float, float]:
+        """The first slot's draft length, the step's cost (single decodes) and the plain step's."""
         planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=n_slots, model_k_max=None,
                           budget=256)  # fmt: skip
         planner.fair_step = FAIR_STEP if fair else None
@@ -235,12 +242,12 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
         assert all(c.n == 0 for seq, c in chosen.items() if seq)
         plain = {s.seq: Choice("plain", 0, 1.0) for s in gen}
         full = {**plain, **chosen}
-        step = planner._cost(full, [0] * n_slots, None, whole=True) / planner._cost(plain, [0] * n_slots, None, whole=True)
-        return full[0].n, step
+        empty = [0] * n_slots
+        return full[0].n, planner._cost(full, empty, None, whole=True), planner._cost(plain, empty, None, whole=True)
 
-    (unfair, unfair_step), (fair, fair_step) = drafts(False), drafts(True)
-    assert unfair >= 10 and unfair_step > FAIR_STEP
-    assert 1 <= fair < unfair and fair_step <= FAIR_STEP
+    (unfair, unfair_step, plain), (fair, fair_step, _) = drafts(False), drafts(True)
+    assert unfair >= 10 and unfair_step > max(FAIR_STEP * plain, FAIR_GAP)
+    assert 1 <= fair < unfair and FAIR_STEP * plain < fair_step <= FAIR_GAP
     assert drafts(True, n_slots=1)[0] >= 10
 
     def beside_a_first_token(fair: bool) -> int:
@@ -280,6 +287,30 @@ def test_beside_other_requests_a_step_reads_a_tenth_of_a_second_of_prompt() -> N
     room = prompt_room(costs, 2, 3, 256)
     assert costs.relative(2 + room) * 0.01 <= PROMPT_STEP_SECONDS < costs.relative(3 + room) * 0.01
     assert prompt_room(BatchCosts({b: 50.0 * b for b in range(2, 300)}, 0.01), 2, 3, 256) == MIN_CHUNK
+    background = prompt_room(costs, 0, 1, 256, watched=False)  # a prompt nobody streams, even alone
+    assert costs.relative(background) * 0.01 <= PROMPT_BACKGROUND_SECONDS < costs.relative(background + 1) * 0.01
+
+
+def test_a_streams_prompt_is_read_while_whole_answers_sit_the_step_out() -> None:
+    """Fair: while a streamed request's prompt is read, requests that do not stream (a chat client's tasks) take
+    no part in the step, streams already generating do; without a streamed prompt, or fair slots off, all do."""
+    target = FakeGGUF("target.gguf", n_ctx=1024, n_seq=4)
+
+    def slot(seq: int, *, streamed: bool, generating: bool) -> Slot:
+        s = _slot(target, seq, list(range(10, 40)) if generating else [], prompt=list(range(10, 40)))
+        assert s.job is not None
+        s.job.config = dataclasses.replace(s.job.config, interactive=streamed)
+        s.prefilled = 29 if generating else 0
+        return s
+
+    task, reading_task = slot(0, streamed=False, generating=True), slot(1, streamed=False, generating=False)
+    watched, turn = slot(2, streamed=True, generating=True), slot(3, streamed=True, generating=False)
+    every = [task, reading_task, watched, turn]
+    assert taking_part(every, fair=True) == ([watched], [turn])
+    assert taking_part(every, fair=False) == ([task, watched], [reading_task, turn])
+    assert taking_part([task, reading_task, watched], fair=True) == ([task, watched], [reading_task])
+
+
 
 
 def test_a_slot_is_taken_by_its_prompt_or_kept_for_the_conversation_that_ended_last() -> None:
@@ -433,6 +464,39 @@ def test_a_cancelled_request_leaves_the_others_exact(solo: api.Speculator, par: 
     assert out[2].token_ids == ref[2].token_ids
     # the slots stay usable, their caches consistent
     assert par.generate(PROMPTS[1], max_tokens=32, drafter="model").token_ids == ref[1].token_ids
+
+
+@pytest.mark.slow
+def test_whole_answers_sit_out_the_steps_that_read_a_streams_prompt(solo: api.Speculator, par: api.Speculator) -> None:
+    """Two requests that do not stream (`interactive` off) generate; a streamed one arrives: the steps that read
+    its prompt hold it alone (three slots busy, one sequence in the batch), and every text is its solo run's."""
+    ref = [solo.generate(p, max_tokens=64) for p in PROMPTS[:3]]
+    engine = par.batch_engine()
+    steps: list[tuple[int, int]] = []  # (sequences in the batch, slots busy)
+    engine.on_step, before = (lambda n_seqs, n_tokens, drafted: steps.append((n_seqs, sum(engine.busy())))), engine.on_step
+    out: dict[int, api.Generation] = {}
+    generating = [threading.Event(), threading.Event()]
+
+    def consume(i: int, run: GenerationRun) -> None:
+        for ev in run.events():
+            if isinstance(ev, Step) and i < 2:
+                generating[i].set()
+        out[i] = run.generation
+
+    try:
+        threads = [threading.Thread(target=consume, args=(i, par.start(PROMPTS[i], max_tokens=64, interactive=False)))
+                   for i in range(2)]  # fmt: skip
+        for t in threads:
+            t.start()
+        assert all(e.wait(120) for e in generating)
+        threads.append(threading.Thread(target=consume, args=(2, par.start(PROMPTS[2], max_tokens=64))))
+        threads[-1].start()
+        for t in threads:
+            t.join(300)
+    finally:
+        engine.on_step = before
+    assert [out[i].token_ids for i in range(3)] == [r.token_ids for r in ref]
+    assert (1, 3) in steps  # the stream's prompt read alone beside two busy slots
 
 
 def test_the_second_ask_reuses_its_slots_cached_prefix(par: api.Speculator) -> None:

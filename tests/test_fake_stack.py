@@ -211,6 +211,29 @@ def test_server_chat_greedy_is_the_api_through_the_openai_client(spec: api.Specu
     assert r.usage.completion_tokens == len(reference(spec, PROMPTS[0], 32))
 
 
+def test_a_streamed_request_is_interactive_and_a_whole_answer_is_not(spec: api.Speculator,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The server marks what streams as read token by token (`GenerateOptions.interactive`): with fair slots, a
+    stream's prompt is read while whole answers (a chat client's title and tag tasks) sit the step out."""
+    seen: list[bool] = []
+    start = spec.start
+
+    def recording(prompt: Any, options: GenerateOptions | None = None, **kw: Any) -> Any:
+        assert options is not None
+        seen.append(options.interactive)
+        return start(prompt, options, **kw)
+
+    monkeypatch.setattr(spec, "start", recording)
+
+    async def go(http: httpx.AsyncClient) -> None:
+        for stream in (True, False):
+            body = {"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 8, "stream": stream}
+            assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
+
+    serve(spec, go)
+    assert seen == [True, False]
+
+
 def test_models_retrieve_names_the_served_model_or_is_a_404(spec: api.Speculator) -> None:
     """openai's `models.retrieve` (GET /v1/models/{id}): the model `models.list` gives, or a 404 naming it."""
     async def go(http: httpx.AsyncClient) -> tuple[Any, Any]:

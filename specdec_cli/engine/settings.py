@@ -168,6 +168,9 @@ class GenerateOptions:
     drafter: str | None = None  # None: the Speculator's; "none" runs the target alone
     system: str | None = None
     chat: bool | None = None  # None: the chat template when the model has one
+    # someone reads the tokens as they come (a stream): with `parallel` > 1 and fair slots, while such a request's
+    # prompt is read, requests that are not sit the step out (the server: every request that does not stream)
+    interactive: bool = True
 
     @property
     def sampler(self) -> SamplerSettings:

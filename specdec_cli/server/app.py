@@ -164,6 +164,7 @@ class Server:
             max_tokens=newer if newer is not None else body.max_tokens,
             temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
             draft_max=spec.draft_max if spec is not None else None, drafter=spec.drafter if spec is not None else None,
+            interactive=bool(body.stream),  # a whole answer is read at its end: it yields to streams' prompts
         )  # fmt: skip
         try:
             options.validate()

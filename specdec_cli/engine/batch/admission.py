@@ -23,11 +23,20 @@ from specdec_cli.engine.protocol import LoadedModel
 # step (every slot one token), so a stream that does not draft waits at most about FAIR_STEP times its gap
 # beside the same batch-mates without drafts (plan.py; docs/serve.md, "Fair slots").
 FAIR_STEP = 1.5
+# ... or, where that is shorter, as long as FAIR_GAP single-token decodes: a stream's gap alone is one, so its
+# longest gap beside a drafting batch-mate stays under 3x that (the bound the serving clients' issue asks for)
+# with room for this machine's own spikes. On a bandwidth-bound target a batch of two costs little more than one
+# token, and FAIR_STEP plain steps alone would leave a copying request drafting 2 tokens where it could draft 8.
+FAIR_GAP = 2.5
 # A step reads at most this much prompt beside other requests, and alone (a request may arrive meanwhile).
 # The exact kernels read the packaged Q4_1 target's prompts as fast in chunks of 16 tokens as of 256; the
 # bandwidth-bound F32 one reads them about 10% slower in chunks of 64, 3% in chunks of 128.
 PROMPT_STEP_SECONDS = 0.1
 PROMPT_ALONE_SECONDS = 0.25
+# ... and for prompts of requests nobody streams (a chat client's title and tag tasks): a streamed request that
+# arrives while they are read waits for the step in progress, and its first token should come about as soon as
+# alone. Chunks of 16 tokens cost the packaged target no more a token; the F32 one about 45% more.
+PROMPT_BACKGROUND_SECONDS = 0.05
 MIN_CHUNK = 8
 SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to be chosen for it
 
@@ -51,14 +60,28 @@ def choose_slot(target: LoadedModel, slots: list[Slot], job: BatchJob, free: lis
                                     -s.seq))  # fmt: skip
 
 
-def prompt_room(costs: BatchCosts, generating: int, busy: int, budget: int) -> int:
+def taking_part(slots: list[Slot], fair: bool) -> tuple[list[Slot], list[Slot]]:
+    """The slots in a step: (generating, reading their prompts). Fair: while a streamed request's prompt is
+    read, requests nobody reads token by token (`GenerateOptions.interactive` off: the server's whole answers,
+    such as a chat client's title and tag tasks) sit the step out, so that the stream's first token comes about
+    as soon as alone; streams already generating keep their token a step."""
+    gen = [s for s in slots if s.job is not None and s.generating]
+    pre = [s for s in slots if s.job is not None and not s.generating]
+    first = [s for s in pre if s.job is not None and s.job.config.interactive]
+    if not fair or not first:
+        return gen, pre
+    return [s for s in gen if s.job is not None and s.job.config.interactive], first
+
+
+def prompt_room(costs: BatchCosts, generating: int, busy: int, budget: int, watched: bool = True) -> int:
     """The prompt tokens a fair step may read with `busy` requests in the slots: as many as keep the step within
-    PROMPT_STEP_SECONDS beside other requests, PROMPT_ALONE_SECONDS for a request alone (at least MIN_CHUNK),
-    so that a request arriving meanwhile, or a stream beside, waits at most about that long for it."""
+    PROMPT_STEP_SECONDS beside other requests, PROMPT_ALONE_SECONDS for a request alone, PROMPT_BACKGROUND_SECONDS
+    for prompts nobody streams (`watched` off) (at least MIN_CHUNK), so that a request arriving meanwhile, or a
+    stream beside, waits at most about that long for it."""
     one = costs.one
     if one is None:
         return budget
-    seconds = PROMPT_STEP_SECONDS if busy > 1 else PROMPT_ALONE_SECONDS
+    seconds = PROMPT_BACKGROUND_SECONDS if not watched else PROMPT_STEP_SECONDS if busy > 1 else PROMPT_ALONE_SECONDS
     lo, hi = min(MIN_CHUNK, budget), budget  # the largest n with relative(generating + n) * one <= seconds
     while lo < hi:
         mid = (lo + hi + 1) // 2

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks
+from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, taking_part
 from specdec_cli.engine.batch.plan import Choice, Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
@@ -213,8 +213,7 @@ class BatchEngine:
             if slot.job is not None and slot.job.should_stop():
                 slot.job.result.stop_reason = "interrupted"
                 self._finish(slot)
-        gen = [s for s in self.slots if s.job is not None and s.generating]
-        pre = [s for s in self.slots if s.job is not None and not s.generating]
+        gen, pre = taking_part(self.slots, self.fair)
         if not gen and not pre:
             return
         self.planner.occupancy.observe(len(gen) + len(pre))
@@ -232,7 +231,7 @@ class BatchEngine:
             counts[s.seq] = len(toks)
         room = self.budget - sum(counts)
         prefill_done: list[Slot] = []
-        reading = min(room, self.planner.prompt_room(sum(counts), len(gen) + len(pre)))
+        reading = min(room, self.planner.prompt_room(sum(counts), len(gen) + len(pre), pre))
         for s, n in prompt_chunks(pre, reading, sum(counts), self.fair):  # under the step's token budget
             assert s.job is not None
             prompt = s.job.prompt

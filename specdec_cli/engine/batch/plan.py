@@ -19,7 +19,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from specdec_cli.engine.batch.admission import FAIR_STEP, prompt_chunks, prompt_room
+from specdec_cli.engine.batch.admission import FAIR_GAP, FAIR_STEP, prompt_chunks, prompt_room
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.pricing import Choice, batch_cost, fair_tokens, filled
 from specdec_cli.engine.batch.realized import Realized
@@ -155,7 +155,7 @@ class Planner:
             return {}
         pre_counts = [0] * self.n_slots
         first_token = False  # a prompt finishes in this step: its request's first token comes out of it
-        for s, n in prompt_chunks(pre, self.prompt_room(len(gen), len(gen) + len(pre)), len(gen),
+        for s, n in prompt_chunks(pre, self.prompt_room(len(gen), len(gen) + len(pre), pre), len(gen),
                                   self.fair_step is not None):  # fmt: skip
             pre_counts[s.seq] = n
             first_token = first_token or (s.job is not None and n == len(s.job.prompt) - s.prefilled)
@@ -172,13 +172,15 @@ class Planner:
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
-        # Fair slots: with another slot generating, drafts may add at most FAIR_STEP - 1 plain steps to the step,
-        # and a step that gives a request its first token takes only drafts that cost it nothing
+        # Fair slots: with another slot generating, drafts may add at most FAIR_STEP - 1 plain steps to the step
+        # (or make it FAIR_GAP single-token decodes long, where that is longer), and a step that gives a request
+        # its first token takes only drafts that cost it nothing
         limit = None
         if self.fair_step is not None and (len(gen) >= 2 or first_token):
             limit = self._cost(plain_plan, pre_counts, unit, whole=True)
             if not first_token:
                 limit += (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True)
+                limit = max(limit, FAIR_GAP)
         # A prompt being read joins the generating slots within a step or two; else the measured rate
         self._horizon = 1.0 if pre else self.occupancy.steps_until_growth(len(gen))
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
@@ -246,10 +248,13 @@ class Planner:
             self.predicted = value * sum(c.expected for c in chosen.values()) / fair_tokens(chosen) * MIN_GAIN / plain
         return chosen
 
-    def prompt_room(self, generating: int, busy: int) -> int:
+    def prompt_room(self, generating: int, busy: int, pre: list[Slot]) -> int:
         """The prompt tokens this step may read (admission.py's `prompt_room` when fair, else the budget)."""
         room = self.budget - generating
-        return room if self.fair_step is None else min(room, prompt_room(self.state.costs, generating, busy, room))
+        if self.fair_step is None:
+            return room
+        watched = any(s.job is not None and s.job.config.interactive for s in pre)
+        return min(room, prompt_room(self.state.costs, generating, busy, room, watched))
 
     def _heads_lookup(self, s: Slot, cap: int) -> None:
         """The heads' guesses (drafters/medusa.py) replace the slot's lookup where they are worth more (for a
