@@ -404,33 +404,39 @@ def kept() -> list[str]:
 # ------------------------------------------------------------------ benchmarks.fair_slots
 def fair_slots(name: str, base: str = "results/") -> str:
     """Per server (fair slots on, off): a plain stream's gaps alone, beside a drafting request and beside the
-    same request drafting nothing, the pairs' aggregate tokens/s, and a chat's next turn's time to first token
-    alone and beside its client's tasks."""
+    same request drafting nothing, and the pairs' aggregate tokens/s; then a chat's next turn's time to first
+    token alone and beside its client's tasks."""
     data = load(name)
     st = data["settings"]
     groups = _by(data["rounds"], "server")
-    rows = []
+    gap_rows, turn_rows = [], []
     for label in st["servers"]:
         gaps = [r["gaps"] for r in groups.get((label,), [])]
         if not gaps:
             continue
         alone = [statistics.median(g["alone_gaps"]) for g in gaps]
-        row = [f"`{label}`", spread(alone, ms1), spread([max(g["alone_gaps"]) for g in gaps], ms1),
-               spread([max(g["beside_gaps"]) for g in gaps], ms1),
-               spread([max(g["beside_gaps"]) / a for g, a in zip(gaps, alone, strict=True)], ratio),
-               spread([max(g["control_gaps"]) / a for g, a in zip(gaps, alone, strict=True)], ratio),
-               spread([g["aggregate_tokens_per_second"] for g in gaps], f1),
-               spread([g["control_aggregate_tokens_per_second"] for g in gaps], f1)]  # fmt: skip
+        longest = [max(g["alone_gaps"]) for g in gaps]
+        gap_rows.append([f"`{label}`", spread(alone, ms1), spread(longest, ms1),
+                         spread([max(g["beside_gaps"]) for g in gaps], ms1),
+                         spread([max(g["beside_gaps"]) / a for g, a in zip(gaps, alone, strict=True)], ratio),
+                         spread([max(g["beside_gaps"]) / a for g, a in zip(gaps, longest, strict=True)], ratio),
+                         spread([max(g["control_gaps"]) / a for g, a in zip(gaps, alone, strict=True)], ratio),
+                         spread([max(g["control_gaps"]) / a for g, a in zip(gaps, longest, strict=True)], ratio),
+                         spread([g["aggregate_tokens_per_second"] for g in gaps], f1),
+                         spread([g["control_aggregate_tokens_per_second"] for g in gaps], f1)])  # fmt: skip
+        row = [f"`{label}`"]
         for think in map(str, st["think"]):
             w = [r["webui"][think] for r in groups[(label,)]]
             row.append(f"{spread([x['alone']['ttft'] for x in w], ms)} / {spread([x['tasks']['ttft'] for x in w], ms)}"
-                       f" ({spread([x['tasks']['ttft'] / x['alone']['ttft'] for x in w], ratio)})")  # fmt: skip
-        rows.append(row)
-    header = ["server", "gap alone (median)", "longest gap alone", "longest gap beside the drafting request",
-              "longest beside / gap alone", "longest beside it drafting nothing / gap alone",
-              "aggregate tok/s beside it", "aggregate tok/s, drafting nothing",
-              *(f"next turn's first token: alone / beside tasks, {'at once' if not float(t) else f'{float(t):g} s later'}"
-                for t in st["think"])]  # fmt: skip
+                       f" (**{spread([x['tasks']['ttft'] / x['alone']['ttft'] for x in w], ratio)}**)")  # fmt: skip
+        turn_rows.append(row)
+    gap_header = ["server", "gap alone (median)", "longest gap alone", "longest gap beside the drafting request",
+                  "longest beside / median alone", "longest beside / longest alone",
+                  "beside it drafting nothing: longest / median alone", "... / longest alone",
+                  "aggregate tok/s beside it", "aggregate tok/s, drafting nothing"]  # fmt: skip
+    turn_header = ["server", *(f"next turn's first token, alone / beside the tasks: "
+                               f"{'sent at once' if not float(t) else f'{float(t):g} s after the answer'}"
+                               for t in st["think"])]  # fmt: skip
     by_round = _by(data["rounds"], "server", "round")
     share = [by_round[("fair", i)][0]["gaps"]["aggregate_tokens_per_second"]
              / by_round[("no-fair", i)][0]["gaps"]["aggregate_tokens_per_second"]
@@ -448,7 +454,8 @@ def fair_slots(name: str, base: str = "results/") -> str:
             f"alone and beside: {'yes' if same else '**no**'}. Measured before the servers started: a target "
             f"token {data['costs']['target_ms']:.1f} ms; batches of 2, 3 and 5 tokens cost "
             + ", ".join(f2(data["costs"]["batch"][b]) for b in ("2", "3", "5")) + " single decodes.")  # fmt: skip
-    return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
+    body = table(gap_header, gap_rows) + "\n\n" + table(turn_header, turn_rows) + "\n\n" + note
+    return render(data, name, body, base, st["rounds"])
 
 
 def ms1(x: float) -> str:
