@@ -11,6 +11,10 @@ with `--no-fair`, both kept up and measured in alternating rounds (ABBA), with o
   a control, a third beside the same copying request drafting nothing. Per run: the plain streams' gaps
   between content chunks (after their first), and the aggregate completion tokens/s of each pair over
   the wall time from the first request to the last token.
+- **aggregate**: after both servers' runs of a round, the copying request beside another plain stream,
+  and drafting nothing beside it, on the two servers in turn, INTERLEAVED times (ABBA): the servers'
+  aggregate tokens/s measured seconds apart, where the runs above are a minute apart and this
+  machine's speed drifts by tens of percent in a minute.
 - **webui**: what Open WebUI sends. A chat's first turn streams (128 tokens); its second turn then
   streams alone, or (another conversation) beside the three tasks Open WebUI sends as an answer ends
   (title, tags, follow-up questions: non-streamed requests holding the task's instructions and the
@@ -80,6 +84,7 @@ TASKS = {  # the shape of Open WebUI's default task prompts: instructions, then 
                    "</chat_history>"),
 }
 PLAIN_TOKENS, COPY_TOKENS, TURN_TOKENS, TASK_TOKENS = 96, 256, 128, 1024
+INTERLEAVED = 6  # fair/no-fair pairs of runs a round measures the aggregate tokens/s with, seconds apart
 THINK = (0.0, 2.0, 5.0)  # seconds from the answer to the next turn: at once (a script), a quick reply while the
 # tasks' prompts are still read, and a person's reading and typing
 
@@ -151,6 +156,27 @@ async def gaps_round(base: str, i: int) -> dict[str, Any]:
             "control_aggregate_tokens_per_second": aggregate_control}  # fmt: skip
 
 
+async def interleaved_round(bases: dict[str, str], i: int) -> list[dict[str, dict[str, float]]]:
+    """The copying request beside a plain stream, and drafting nothing beside it, on the two servers in turn
+    (ABBA), INTERLEAVED times: aggregate tokens/s measured seconds apart, so that this machine's drift in speed
+    (tens of percent over a minute) touches both settings alike. Run after the round's gaps runs, which left
+    the passages in both servers' token pools."""
+    text = " ".join(PASSAGES[(i + k) % len(PASSAGES)] for k in range(2))
+    copy_msgs = [{"role": "user", "content": f"Repeat this text exactly, word for word:\n\n{text}"}]
+    out: list[dict[str, dict[str, float]]] = []
+    for j in range(INTERLEAVED):
+        subject = SUBJECTS[(INTERLEAVED * i + j + 40) % len(SUBJECTS)]
+        plain_msgs = [{"role": "user", "content": f"Write a short essay about {subject}."}]
+        labels = list(bases) if j % 2 == 0 else list(reversed(bases))
+        row: dict[str, dict[str, float]] = {"beside": {}, "control": {}}
+        for kind, extra in (("beside", {}), ("control", {"speculative": {"drafter": "none"}})):
+            for label in labels:
+                async with httpx.AsyncClient(base_url=bases[label], timeout=600) as http:
+                    row[kind][label] = (await beside(http, copy_msgs, plain_msgs, **extra))[2]
+        out.append(row)
+    return out
+
+
 async def turn_one(http: httpx.AsyncClient, subject: str) -> list[dict[str, str]]:
     chat = [{"role": "user", "content": f"Tell me about {subject}."}]
     first = await stream(http, chat, TURN_TOKENS)
@@ -198,6 +224,7 @@ def main() -> None:
     common = ["--ctx-size", "4096", "--threads", str(args.threads), *(["--pair", args.pair] if args.pair else [])]
     servers = {"fair": [], "no-fair": ["--no-fair"]}
     rounds: list[dict[str, Any]] = []
+    interleaved: list[dict[str, Any]] = []
     with live_server(*common, *servers["fair"]) as fair, live_server(*common, *servers["no-fair"]) as unfair:
         bases = {"fair": fair.base_url, "no-fair": unfair.base_url}
         for base in bases.values():  # warm both up
@@ -217,12 +244,20 @@ def main() -> None:
                       + (" webui TTFT alone / with tasks "
                          + ", ".join(f"{w[t]['alone']['ttft']:.3f} / {w[t]['tasks']['ttft']:.3f} s ({t} s)" for t in w)
                          if w else ""), file=sys.stderr)  # fmt: skip
+            if args.only != "webui":
+                pairs = asyncio.run(interleaved_round(bases, i))
+                interleaved.append({"round": i, "pairs": pairs})
+                print(f"round {i} interleaved, fair / no-fair aggregate tok/s: "
+                      + ", ".join(f"{p['beside']['fair'] / p['beside']['no-fair']:.2f}" for p in pairs)
+                      + "; drafting nothing: "
+                      + ", ".join(f"{p['control']['fair'] / p['control']['no-fair']:.2f}" for p in pairs),
+                      file=sys.stderr)  # fmt: skip
     record.save(args, "fair-slots", threads=args.threads, models={"target": target, "draft": draft},
                 data={"settings": {"pair": args.pair or "default", "rounds": args.rounds, "servers": servers,
                                    "plain_tokens": PLAIN_TOKENS, "copy_tokens": COPY_TOKENS,
                                    "turn_tokens": TURN_TOKENS, "task_tokens": TASK_TOKENS, "think": THINK,
-                                   "only": args.only},
-                      "costs": costs, "rounds": rounds})  # fmt: skip
+                                   "interleaved": INTERLEAVED, "only": args.only},
+                      "costs": costs, "rounds": rounds, "aggregate": interleaved})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -438,17 +438,28 @@ def fair_slots(name: str, base: str = "results/") -> str:
                                f"{'sent at once' if not float(t) else f'{float(t):g} s after the answer'}"
                                for t in st["think"])]  # fmt: skip
     by_round = _by(data["rounds"], "server", "round")
-    share = [by_round[("fair", i)][0]["gaps"]["aggregate_tokens_per_second"]
-             / by_round[("no-fair", i)][0]["gaps"]["aggregate_tokens_per_second"]
-             for i in range(st["rounds"]) if ("fair", i) in by_round and ("no-fair", i) in by_round]  # fmt: skip
+
+    def share(key: str) -> list[float]:
+        return [by_round[("fair", i)][0]["gaps"][key] / by_round[("no-fair", i)][0]["gaps"][key]
+                for i in range(st["rounds"]) if ("fair", i) in by_round and ("no-fair", i) in by_round]  # fmt: skip
+
     same = all(r["gaps"]["same_plain"] and r["gaps"]["same_copy"] for r in data["rounds"])
+    pairs = [p for r in data.get("aggregate", []) for p in r["pairs"]]
+    interleaved = (f"Aggregate tokens/s, fair over no-fair, in runs seconds apart ({len(pairs)} pairs, "
+                   f"{st.get('interleaved')} a round): beside the copying request **"
+                   f"{spread([p['beside']['fair'] / p['beside']['no-fair'] for p in pairs], ratio)}**; beside it "
+                   f"drafting nothing (the two settings doing the same work: this machine's noise) "
+                   f"{spread([p['control']['fair'] / p['control']['no-fair'] for p in pairs], ratio)}. "
+                   if pairs else "")  # fmt: skip
 
     def per_step(label: str, where: str) -> str:
         return spread([r["gaps"]["copy_tokens_per_step"][where] for r in data["rounds"] if r["server"] == label
                        and r["gaps"]["copy_tokens_per_step"][where]], f1)  # fmt: skip
 
-    note = (f"Pair `{st['pair']}`. Aggregate tokens/s of the plain stream and the drafting request, fair over "
-            f"no-fair, round by round: **{spread(share, ratio)}**. The copying request ({spread([r['gaps']['copy_tokens'] for r in data['rounds']], f1)} "
+    note = (f"Pair `{st['pair']}`. {interleaved}Aggregate tokens/s of the plain stream and the drafting request, fair over "
+            f"no-fair, round by round: **{spread(share('aggregate_tokens_per_second'), ratio)}**; the same with the "
+            f"copying request drafting nothing (where the two settings do the same work: what this machine's noise "
+            f"gives): {spread(share('control_aggregate_tokens_per_second'), ratio)}. The copying request ({spread([r['gaps']['copy_tokens'] for r in data['rounds']], f1)} "
             f"tokens) emitted tokens per step alone: {per_step('fair', 'alone')}; beside the plain stream, fair: "
             f"{per_step('fair', 'beside')}, no-fair: {per_step('no-fair', 'beside')}. Every text the same "
             f"alone and beside: {'yes' if same else '**no**'}. Measured before the servers started: a target "

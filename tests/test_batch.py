@@ -224,17 +224,20 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
     always right: unbounded, it drafts long (its gain outweighs the other's loss even in the geometric mean), and
     the other stream waits for the longer step. With fair slots, drafts may make the step FAIR_STEP plain steps
     or FAIR_GAP single decodes long, whichever is longer: here FAIR_GAP, which lets it draft more than FAIR_STEP
-    would. A slot alone drafts as long as it pays."""
+    would (beside a stream; between whole answers, FAIR_STEP). A slot alone drafts as long as it pays."""
     target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
     costs = BatchCosts({b: b**0.4 for b in range(2, 65)}, 0.01)
     costs.observe(1, 0.01)
 
-    def drafts(fair: bool, n_slots: int = 2) -> tuple[int, float, float]:
+    def drafts(fair: bool, n_slots: int = 2, streamed: bool = True) -> tuple[int, float, float]:
         """The first slot's draft length, the step's cost (single decodes) and the plain step's."""
         planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=n_slots, model_k_max=None,
                           budget=256)  # fmt: skip
         planner.fair_step = FAIR_STEP if fair else None
         gen = [_slot(target, 0, [1, 2, 3, 4, 5] * 8), *(_slot(target, s, list(range(10, 50))) for s in range(1, n_slots))]
+        for s in gen:
+            assert s.job is not None
+            s.job.config = dataclasses.replace(s.job.config, interactive=streamed)
         for table in gen[0].shadow.tables.values():
             for _ in range(40):
                 table.observe(16, 16)
@@ -249,6 +252,10 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
     assert unfair >= 10 and unfair_step > max(FAIR_STEP * plain, FAIR_GAP)
     assert 1 <= fair < unfair and FAIR_STEP * plain < fair_step <= FAIR_GAP
     assert drafts(True, n_slots=1)[0] >= 10
+    # whole answers side by side (a chat client's tasks): FAIR_STEP only, so that a stream arriving meanwhile
+    # waits little for the step in progress
+    background, background_step, _ = drafts(True, streamed=False)
+    assert 1 <= background < fair and background_step <= FAIR_STEP * plain
 
     def beside_a_first_token(fair: bool) -> int:
         """The slot alone generating while another request's prompt finishes in this step."""

@@ -1,4 +1,5 @@
-"""Which slot a new job takes, and which prompt chunks each step reads (engine/batch/engine.py).
+"""Which slot a new job takes, which slots take part in a step, and which prompt chunks it reads
+(engine/batch/engine.py).
 
 A job takes the free slot whose cache holds most of its prompt, where that is most of it
 (llama-server's `--slot-prompt-similarity`, 0.5); otherwise not the slot whose job ended last, so
@@ -6,11 +7,13 @@ that a shared system prompt alone does not evict the conversation most likely to
 chat's next turn arrives after the title, tag and follow-up requests its client sends after each
 answer), then one that keeps the busy slots' ids contiguous, then the one used longest ago.
 
-Prompts are read under the step's token budget. Fair (the default): a step reads no more prompt
-than fits in PROMPT_STEP_SECONDS beside other requests (PROMPT_ALONE_SECONDS alone); the prompt with the least left goes first,
+Fair (the default): while a streamed request's prompt is read, jobs nobody reads token by token sit
+the step out (`taking_part`). Prompts are read under the step's token budget: a step reads no more
+prompt than fits in PROMPT_STEP_SECONDS beside other requests (PROMPT_ALONE_SECONDS alone,
+PROMPT_BACKGROUND_SECONDS for prompts nobody streams); the prompt with the least left goes first,
 since the shortest remaining prompt first gives the least time to first token on average; and a
 prompt that finishes in a step is held up by the other prompts' chunks by at most `FAIR_STEP - 1`
-of the step. Otherwise first admitted first, up to the budget.
+of the step. Otherwise every job takes part, first admitted first, up to the budget.
 """
 
 from __future__ import annotations

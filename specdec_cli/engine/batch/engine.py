@@ -7,6 +7,8 @@ target and the draft each hold `n_slots` sequences (one KV stream each: see
 1. admit waiting jobs into free slots (the slot whose cache holds most of the
    prompt, else not the one whose job ended last, keeping the busy slots'
    sequence ids contiguous where that is possible: engine/batch/admission.py);
+   with fair slots, while a streamed job's prompt is read, jobs nobody reads token
+   by token sit the step out (`taking_part`);
 2. plan: for every generating slot, how many tokens to draft and from where
    (the n-gram lookup, the draft model, or none), chosen together to maximise the
    expected tokens per second of the whole batch, within the fair bound on the
@@ -161,10 +163,11 @@ class BatchEngine:
 
     def set_fair(self, fair: bool) -> None:
         """Fair slots (on by default): while another slot generates, drafts may lengthen a step to at most
-        `FAIR_STEP` plain steps, and a step that finishes a prompt takes only free drafts (plan.py); a step reads
-        a bounded time of prompt, shortest first, and a prompt that finishes in it is not held up by more than
-        half by the others' chunks (admission.py). Off: the most tokens per second over all slots, the whole
-        token budget of prompt per step, first admitted first."""
+        `FAIR_STEP` plain steps (or `FAIR_GAP` single decodes), and a step that finishes a prompt takes only free
+        drafts (plan.py); while a streamed job's prompt is read, jobs that are not `interactive` sit the step
+        out; a step reads a bounded time of prompt, shortest first, and a prompt that finishes in it is not held
+        up by more than half by the others' chunks (admission.py). Off: the most tokens per second over all
+        slots, every job in every step, the whole token budget of prompt per step, first admitted first."""
         self.planner.fair_step = FAIR_STEP if fair else None
 
     @property

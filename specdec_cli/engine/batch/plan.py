@@ -173,14 +173,16 @@ class Planner:
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
         # Fair slots: with another slot generating, drafts may add at most FAIR_STEP - 1 plain steps to the step
-        # (or make it FAIR_GAP single-token decodes long, where that is longer), and a step that gives a request
-        # its first token takes only drafts that cost it nothing
+        # (or, beside a stream, make it FAIR_GAP single-token decodes long where that is longer: whole answers'
+        # steps are kept short for a stream that arrives meanwhile), and a step that gives a request its first
+        # token takes only drafts that cost it nothing
         limit = None
         if self.fair_step is not None and (len(gen) >= 2 or first_token):
             limit = self._cost(plain_plan, pre_counts, unit, whole=True)
             if not first_token:
                 limit += (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True)
-                limit = max(limit, FAIR_GAP)
+                if any(s.job is not None and s.job.config.interactive for s in gen):
+                    limit = max(limit, FAIR_GAP)
         # A prompt being read joins the generating slots within a step or two; else the measured rate
         self._horizon = 1.0 if pre else self.occupancy.steps_until_growth(len(gen))
         # The best plan in the steady state (every draft cache a token or two behind). A plan that
