@@ -448,7 +448,7 @@ def fair_slots(name: str, base: str = "results/") -> str:
     interleaved = (f"Aggregate tokens/s, fair over no-fair, in runs seconds apart ({len(pairs)} pairs, "
                    f"{st.get('interleaved')} a round): beside the copying request **"
                    f"{spread([p['beside']['fair'] / p['beside']['no-fair'] for p in pairs], ratio)}**; beside it "
-                   f"drafting nothing (the two settings doing the same work: this machine's noise) "
+                   f"drafting nothing (where the settings differ only in how the plain stream's prompt is read) "
                    f"{spread([p['control']['fair'] / p['control']['no-fair'] for p in pairs], ratio)}. "
                    if pairs else "")  # fmt: skip
 
@@ -457,9 +457,8 @@ def fair_slots(name: str, base: str = "results/") -> str:
                        and r["gaps"]["copy_tokens_per_step"][where]], f1)  # fmt: skip
 
     note = (f"Pair `{st['pair']}`. {interleaved}Aggregate tokens/s of the plain stream and the drafting request, fair over "
-            f"no-fair, round by round: **{spread(share('aggregate_tokens_per_second'), ratio)}**; the same with the "
-            f"copying request drafting nothing (where the two settings do the same work: what this machine's noise "
-            f"gives): {spread(share('control_aggregate_tokens_per_second'), ratio)}. The copying request ({spread([r['gaps']['copy_tokens'] for r in data['rounds']], f1)} "
+            f"no-fair, in the runs above, a minute apart: {spread(share('aggregate_tokens_per_second'), ratio)}; the "
+            f"same with the copying request drafting nothing: {spread(share('control_aggregate_tokens_per_second'), ratio)}. The copying request ({spread([r['gaps']['copy_tokens'] for r in data['rounds']], f1)} "
             f"tokens) emitted tokens per step alone: {per_step('fair', 'alone')}; beside the plain stream, fair: "
             f"{per_step('fair', 'beside')}, no-fair: {per_step('no-fair', 'beside')}. Every text the same "
             f"alone and beside: {'yes' if same else '**no**'}. Measured before the servers started: a target "

@@ -226,7 +226,7 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
     or FAIR_GAP single decodes long, whichever is longer: here FAIR_GAP, which lets it draft more than FAIR_STEP
     would (beside a stream; between whole answers, FAIR_STEP). A slot alone drafts as long as it pays."""
     target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
-    costs = BatchCosts({b: b**0.4 for b in range(2, 65)}, 0.01)
+    costs = BatchCosts({b: b**0.4 for b in range(2, 300)}, 0.01)
     costs.observe(1, 0.01)
 
     def drafts(fair: bool, n_slots: int = 2, streamed: bool = True) -> tuple[int, float, float]:
@@ -270,6 +270,25 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
         return chosen[0].n if 0 in chosen else 0
 
     assert beside_a_first_token(False) >= 10 and beside_a_first_token(True) == 0
+
+    def beside_a_prompt(fair: bool) -> tuple[int, float, float]:
+        """The slot alone generating while a long prompt is read (not finishing in this step): its draft length,
+        the step's cost and the plain step's (single decodes)."""
+        planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=2, model_k_max=None,
+                          budget=256)  # fmt: skip
+        planner.fair_step = FAIR_STEP if fair else None
+        gen, pre = [_slot(target, 0, [1, 2, 3, 4, 5] * 8)], [_slot(target, 1, [], prompt=list(range(60, 460)))]
+        for table in gen[0].shadow.tables.values():
+            for _ in range(40):
+                table.observe(16, 16)
+        chosen = planner.plan(gen, pre)
+        chunk = [0, planner.prompt_room(1, 2, pre)]
+        n = chosen[0].n if 0 in chosen else 0
+        step = planner._cost({0: chosen.get(0, Choice("plain", 0, 1.0))}, chunk, None, whole=True)
+        return n, step, planner._cost({0: Choice("plain", 0, 1.0)}, chunk, None, whole=True)
+
+    (unfair, _, _), (fair, step, plain) = beside_a_prompt(False), beside_a_prompt(True)
+    assert fair < unfair and step <= plain + (FAIR_STEP - 1) * 1.0  # the plain step alone is one single decode
 
 
 def test_prompts_are_read_shortest_first_and_a_finishing_one_is_not_held_up() -> None:

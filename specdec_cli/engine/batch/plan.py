@@ -8,7 +8,8 @@ draft rounds. A plan with model
 drafts must win in the steady state and again with its caches' one-time catch-up spread over the
 steps it can pay back in (engine/batch/occupancy.py). Drafting plans are then scaled by how such steps
 really turned out against their prediction (engine/batch/realized.py). With fair slots, a plan whose whole
-step time passes FAIR_STEP plain steps beside another generating slot, or that adds time to a step giving
+step time passes FAIR_STEP plain steps beside another generating slot or a prompt being read (FAIR_GAP
+single decodes beside a stream, where that is longer), or that adds time to a step giving
 a request its first token, is not taken (engine/batch/admission.py). docs/design.md, "Several requests
 in one batch", tells the whole story.
 """
@@ -172,12 +173,12 @@ class Planner:
         self._behind_now = {s.seq: self._behind(s) for s in gen} if model_ok else {}
         self._left = {s.seq: self._tokens_left(s) for s in gen}
         self._alone = len(gen) == 1 and not pre
-        # Fair slots: with another slot generating, drafts may add at most FAIR_STEP - 1 plain steps to the step
-        # (or, beside a stream, make it FAIR_GAP single-token decodes long where that is longer: whole answers'
-        # steps are kept short for a stream that arrives meanwhile), and a step that gives a request its first
-        # token takes only drafts that cost it nothing
+        # Fair slots: with another slot generating or a prompt being read, drafts may add at most FAIR_STEP - 1
+        # plain steps to the step (or, beside a stream, make it FAIR_GAP single-token decodes long where that is
+        # longer: whole answers' steps are kept short for a stream that arrives meanwhile), and a step that gives
+        # a request its first token takes only drafts that cost it nothing
         limit = None
-        if self.fair_step is not None and (len(gen) >= 2 or first_token):
+        if self.fair_step is not None and (len(gen) >= 2 or pre):
             limit = self._cost(plain_plan, pre_counts, unit, whole=True)
             if not first_token:
                 limit += (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True)
