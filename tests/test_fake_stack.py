@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 
 from specdec_cli import api
 from specdec_cli.cli import app
+from specdec_cli.engine.batch import engine as engine_module
+from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.models import loading
 from specdec_cli.server.app import Server, ServerSettings
@@ -92,6 +94,25 @@ def test_concurrent_requests_match_their_solo_runs(spec: api.Speculator) -> None
     with api.load(open_model=open_fake, n_ctx=1024, parallel=4) as par:
         for d in DRAFTERS:
             assert at_once(par, d) == {p: solo[p, d] for p in PROMPTS}, d
+
+
+def test_a_prompt_given_only_fillers_in_a_step_is_still_read_whole(spec: api.Speculator,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A slot still reading its prompt may get no chunk in a step, and filler tokens instead (rolled back after
+    the step). It must go on from where its prompt was: a step's fillers once counted as prompt read, so the
+    prompt's next token was never decoded (the real pair's greedy text then changed, 1 run in 5 of
+    tests/test_batch.py's concurrent test). Here every step reads one prompt and fills every other sequence:
+    each slot's cache must hold its prompt exactly, and the texts must be their solo runs'."""
+    solo = {p: list(spec.generate(p, max_tokens=40, drafter="none").token_ids) for p in PROMPTS}
+    read = engine_module.prompt_chunks
+    monkeypatch.setattr(engine_module, "prompt_chunks", lambda *args: read(*args)[:1])
+    monkeypatch.setattr(Planner, "fillers", lambda self, counts, gen, room: {s: 1 for s, n in enumerate(counts) if not n})
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=4) as par:
+        assert at_once(par, "none") == solo
+        held = par.batch_engine().target.seq_tokens
+        for p in PROMPTS:
+            ids = list(par.tokenize(p).ids)
+            assert any(seq[: len(ids)] == ids for seq in held), p
 
 
 def test_an_inexact_target_decodes_alone_one_request_at_a_time(spec: api.Speculator) -> None:

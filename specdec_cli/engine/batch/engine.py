@@ -276,9 +276,10 @@ class BatchEngine:
             self.on_step(len(ordered), total, sum(len(s.proposal.tokens) for s in gen))
         # ---- prompts that finished: their first token comes out of this very batch
         for s in pre:
-            if s.seq not in parts:
+            toks, _, tail = parts.get(s.seq, ([], 0, 0))
+            if len(toks) == tail:  # no chunk this step (only fillers, rolled back: not its prompt)
                 continue
-            s.prefilled += len(parts[s.seq][0])
+            s.prefilled += len(toks) - tail
             s.t_prefill += t_target
             if s in prefill_done:  # its last prompt token was the pending one, as in a solo run
                 assert s.job is not None and s.gen is not None
