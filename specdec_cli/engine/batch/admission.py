@@ -26,10 +26,10 @@ from specdec_cli.engine.protocol import LoadedModel
 # step (every slot one token), so a stream that does not draft waits at most about FAIR_STEP times its gap
 # beside the same batch-mates without drafts (plan.py; docs/serve.md, "Fair slots").
 FAIR_STEP = 1.5
-# ... or, where that is shorter, as long as FAIR_GAP single-token decodes: a stream's gap alone is one, so its
-# longest gap beside a drafting batch-mate stays under 3x that (the bound the serving clients' issue asks for)
-# with room for this machine's own spikes. On a bandwidth-bound target a batch of two costs little more than one
-# token, and FAIR_STEP plain steps alone would leave a copying request drafting 2 tokens where it could draft 8.
+# ... or, beside a stream and where that is longer, as long as FAIR_GAP single-token decodes: a stream's gap alone
+# is one, so its longest gap beside a drafting batch-mate stays under 3x that, with room for a busy machine's own
+# spikes. On a bandwidth-bound target a batch of two costs little more than one token, and FAIR_STEP plain steps
+# alone would leave a copying request drafting 2 tokens where it could draft 8.
 FAIR_GAP = 2.5
 # A step reads at most this much prompt beside other requests, and alone (a request may arrive meanwhile).
 # The exact kernels read the packaged Q4_1 target's prompts as fast in chunks of 16 tokens as of 256; the
