@@ -70,10 +70,10 @@ def taking_part(slots: list[Slot], fair: bool) -> tuple[list[Slot], list[Slot]]:
     as soon as alone; streams already generating keep their token a step."""
     gen = [s for s in slots if s.job is not None and s.generating]
     pre = [s for s in slots if s.job is not None and not s.generating]
-    first = [s for s in pre if s.job is not None and s.job.config.interactive]
+    first = [s for s in pre if s.streamed]
     if not fair or not first:
         return gen, pre
-    return [s for s in gen if s.job is not None and s.job.config.interactive], first
+    return [s for s in gen if s.streamed], first
 
 
 def prompt_room(costs: BatchCosts, generating: int, busy: int, budget: int, watched: bool = True) -> int:

@@ -182,7 +182,7 @@ class Planner:
             limit = self._cost(plain_plan, pre_counts, unit, whole=True)
             if not first_token:
                 limit += (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True)
-                if any(s.job is not None and s.job.config.interactive for s in gen):
+                if any(s.streamed for s in gen):
                     limit = max(limit, FAIR_GAP)
         # A prompt being read joins the generating slots within a step or two; else the measured rate
         self._horizon = 1.0 if pre else self.occupancy.steps_until_growth(len(gen))
@@ -256,8 +256,7 @@ class Planner:
         room = self.budget - generating
         if self.fair_step is None:
             return room
-        watched = any(s.job is not None and s.job.config.interactive for s in pre)
-        return min(room, prompt_room(self.state.costs, generating, busy, room, watched))
+        return min(room, prompt_room(self.state.costs, generating, busy, room, any(s.streamed for s in pre)))
 
     def _heads_lookup(self, s: Slot, cap: int) -> None:
         """The heads' guesses (drafters/medusa.py) replace the slot's lookup where they are worth more (for a

@@ -71,6 +71,11 @@ class Slot:
     heads_wait: int = 0  # steps until heads that did not pay guess again
 
     @property
+    def streamed(self) -> bool:
+        """Its job is read token by token (`GenerateOptions.interactive`): fair slots read its prompt first."""
+        return self.job is not None and self.job.config.interactive
+
+    @property
     def generating(self) -> bool:
         return self.job is not None and self.prefilled >= len(self.job.prompt) - 1 and bool(self.context)
 
