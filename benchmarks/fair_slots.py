@@ -12,7 +12,7 @@ with `--no-fair`, both kept up and measured in alternating rounds (ABBA), with o
   between content chunks (after their first), and the aggregate completion tokens/s of each pair over
   the wall time from the first request to the last token.
 - **aggregate**: after both servers' runs of a round, the copying request beside another plain stream,
-  and drafting nothing beside it, on the two servers in turn, INTERLEAVED times (ABBA): the servers'
+  and drafting nothing beside it, on the two servers in turn, `--interleaved` times (ABBA): the servers'
   aggregate tokens/s measured seconds apart, where the runs above are a minute apart and this
   machine's speed drifts by tens of percent in a minute.
 - **webui**: what Open WebUI sends. A chat's first turn streams (128 tokens); its second turn then
@@ -156,16 +156,16 @@ async def gaps_round(base: str, i: int) -> dict[str, Any]:
             "control_aggregate_tokens_per_second": aggregate_control}  # fmt: skip
 
 
-async def interleaved_round(bases: dict[str, str], i: int) -> list[dict[str, dict[str, float]]]:
+async def interleaved_round(bases: dict[str, str], i: int, n: int) -> list[dict[str, dict[str, float]]]:
     """The copying request beside a plain stream, and drafting nothing beside it, on the two servers in turn
-    (ABBA), INTERLEAVED times: aggregate tokens/s measured seconds apart, so that this machine's drift in speed
+    (ABBA), `n` times: aggregate tokens/s measured seconds apart, so that this machine's drift in speed
     (tens of percent over a minute) touches both settings alike. Run after the round's gaps runs, which left
     the passages in both servers' token pools."""
     text = " ".join(PASSAGES[(i + k) % len(PASSAGES)] for k in range(2))
     copy_msgs = [{"role": "user", "content": f"Repeat this text exactly, word for word:\n\n{text}"}]
     out: list[dict[str, dict[str, float]]] = []
-    for j in range(INTERLEAVED):
-        subject = SUBJECTS[(INTERLEAVED * i + j + 40) % len(SUBJECTS)]
+    for j in range(n):
+        subject = SUBJECTS[(n * i + j + 40) % len(SUBJECTS)]
         plain_msgs = [{"role": "user", "content": f"Write a short essay about {subject}."}]
         labels = list(bases) if j % 2 == 0 else list(reversed(bases))
         row: dict[str, dict[str, float]] = {"beside": {}, "control": {}}
@@ -216,6 +216,9 @@ def main() -> None:
     ap.add_argument("--pair", default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--interleaved", type=int, default=INTERLEAVED, metavar="N",
+                    help=f"fair/no-fair pairs of aggregate runs a round (default {INTERLEAVED}): a run's tokens/s "
+                         "varies by about a tenth, so a median within a few percent takes dozens")  # fmt: skip
     ap.add_argument("--only", choices=("gaps", "webui"), default=None, help="one of the two workloads (a quick look)")
     record.add_option(ap)
     args = ap.parse_args()
@@ -245,7 +248,7 @@ def main() -> None:
                          + ", ".join(f"{w[t]['alone']['ttft']:.3f} / {w[t]['tasks']['ttft']:.3f} s ({t} s)" for t in w)
                          if w else ""), file=sys.stderr)  # fmt: skip
             if args.only != "webui":
-                pairs = asyncio.run(interleaved_round(bases, i))
+                pairs = asyncio.run(interleaved_round(bases, i, args.interleaved))
                 interleaved.append({"round": i, "pairs": pairs})
                 print(f"round {i} interleaved, fair / no-fair aggregate tok/s: "
                       + ", ".join(f"{p['beside']['fair'] / p['beside']['no-fair']:.2f}" for p in pairs)
@@ -256,7 +259,7 @@ def main() -> None:
                 data={"settings": {"pair": args.pair or "default", "rounds": args.rounds, "servers": servers,
                                    "plain_tokens": PLAIN_TOKENS, "copy_tokens": COPY_TOKENS,
                                    "turn_tokens": TURN_TOKENS, "task_tokens": TASK_TOKENS, "think": THINK,
-                                   "interleaved": INTERLEAVED, "only": args.only},
+                                   "interleaved": args.interleaved, "only": args.only},
                       "costs": costs, "rounds": rounds, "aggregate": interleaved})  # fmt: skip
 
 
