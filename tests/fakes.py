@@ -265,6 +265,10 @@ class FakeGGUF(FakeModel):
     def rollback(self, n_keep: int, seq: int = 0) -> None:
         del self.seq_tokens[seq][n_keep:]
 
+    def move_seq(self, src: int, dst: int) -> None:
+        self.seq_tokens[dst][:] = self.seq_tokens[src]
+        self.seq_tokens[src].clear()
+
     def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
         self.tokens = self.seq_tokens[seq]
         try:

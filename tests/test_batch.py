@@ -26,6 +26,7 @@ from specdec_cli.engine.batch.admission import (
     choose_slot,
     prompt_chunks,
     prompt_room,
+    set_aside,
     taking_part,
 )
 from specdec_cli.engine.batch.occupancy import Occupancy
@@ -353,7 +354,59 @@ def test_a_slot_is_taken_by_its_prompt_or_kept_for_the_conversation_that_ended_l
     assert choose_slot(target, slots, turn, slots).seq == 1
     assert choose_slot(target, slots, task, slots).seq == 0  # never used, beside nothing busy
     slots[0].job = task
-    assert choose_slot(target, slots, task, [s for s in slots if s.job is None]).seq != 1
+    free = [s for s in slots if s.job is None]
+    chosen = choose_slot(target, slots, task, free)
+    assert chosen.seq == 2  # not the chat's slot, though it alone lies beside the busy one
+    # ... so the task takes the chat's slot and the chat's cache moves where the task would have gone
+    assert set_aside(target, slots, task, free, chosen) == (slots[1], chosen)
+    assert set_aside(target, slots, task, free, slots[3]) == (slots[1], slots[3])
+    slots[0].job = None  # nothing busy: no gap to close
+    assert set_aside(target, slots, task, slots, chosen) == (chosen, None)
+    slots[0].job, slots[2].job = task, task  # slot 1 lies between busy slots: any other choice leaves the gap
+    assert set_aside(target, slots, task, [slots[1], slots[3]], slots[3]) == (slots[1], slots[3])
+    slots[2].job = None
+    target.seq_tokens[2][:] = task.prompt  # a cache that is the job's own prompt stays where it is
+    assert set_aside(target, slots, task, free, chosen) == (chosen, None)
+
+
+@pytest.mark.parametrize("drafter", ["none", "auto"])  # auto: the draft model's cache moves too
+def test_a_conversation_set_aside_for_a_busy_slots_neighbour_continues_from_its_cache_exactly(drafter: str) -> None:
+    """Three slots: a chat's answer ends in slot 1 (its cache kept for its next turn), a long request runs in
+    slot 2, and another request arrives. Slot 1 alone lies beside the busy one, so the newcomer takes it and the
+    chat's cache moves to slot 0 (`Model.move_seq`: llama.cpp copies the KV stream). Every text is the target's
+    own, and the chat's next turn reads its cached prompt from slot 0."""
+    def ask(subject: str) -> list[dict[str, str]]:  # most of each prompt its own, not the template's system prompt
+        return [{"role": "user", "content": f"Write about {subject}. Describe what it looks like, how it works, "
+                 f"who uses it and why, what it costs, and what can go wrong with {subject}, in plain words."}]  # fmt: skip
+
+    a, chat, long_, new_ = ask("a lighthouse"), ask("a bicycle"), ask("a windmill"), ask("a sailing boat")
+    with api.load(n_ctx=1024, n_threads=THREADS, drafter="none") as solo:
+        answer = solo.generate(chat, max_tokens=24)
+        turn = [*chat, {"role": "assistant", "content": answer.text}, {"role": "user", "content": "And then?"}]
+        ref = {k: solo.generate(p, max_tokens=n).token_ids for k, p, n in
+               (("long", long_, 96), ("new", new_, 16), ("turn", turn, 16))}  # fmt: skip
+    with api.load(n_ctx=1024, n_threads=THREADS, parallel=3, drafter=drafter) as par3:
+        engine = par3.batch_engine()
+        par3.generate(a, max_tokens=4)  # slot 0
+        assert par3.generate(chat, max_tokens=24).token_ids == answer.token_ids  # slot 1, ended last
+        long = par3.start(long_, max_tokens=96)  # slot 2: never used
+        events = long.events()
+        assert isinstance(next(ev for ev in events if isinstance(ev, Step)), Step)
+        assert engine.busy() == [False, False, True]
+        new = par3.start(new_, max_tokens=16)
+        new_events = new.events()
+        assert isinstance(next(ev for ev in new_events if isinstance(ev, Step)), Step)
+        assert engine.busy() == [False, True, True]  # beside the busy slot, not slot 0
+        for _ in new_events:
+            pass
+        for _ in events:
+            pass
+        assert (long.generation.token_ids, new.generation.token_ids) == (ref["long"], ref["new"])
+        again = par3.start(turn, max_tokens=16)
+        for _ in again.events():
+            pass
+        assert again.generation.token_ids == ref["turn"]
+        assert again.n_cached > len(par3.tokenize(chat).ids)
 
 
 def test_no_draft_rounds_while_prompts_are_read_into_a_batch_where_they_cannot_pay() -> None:

@@ -9,6 +9,7 @@ the kernel sets engine/kernels.py, and what a GGUF file says engine/gguf.py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import time
@@ -192,11 +193,8 @@ class Model(VocabMethods):
 
     # ---------------------------------------------------------------- decode
     def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:
-        """Append `tokens` to the cache; return logits for the last `n_logits` of them.
-
-        The result is a zero-copy ``(n_logits, n_vocab)`` float32 view of
-        llama.cpp's output buffer: valid until the next call that decodes.
-        """
+        """Append `tokens` to the cache; return logits for the last `n_logits` of them: a zero-copy
+        ``(n_logits, n_vocab)`` float32 view of llama.cpp's output buffer, valid until the next call that decodes."""
         n = len(tokens)
         self._context()
         if n == 0:
@@ -321,12 +319,20 @@ class Model(VocabMethods):
         self._context()
         ok = self._C.llama_memory_seq_rm(self._mem, seq, n_keep, -1)
         if not ok:
-            raise UnsupportedModelError(
-                f"{self.path.name}: this architecture cannot roll its cache back "
-                "(recurrent or hybrid model); speculative decoding needs that, "
-                "so run it with --no-draft"
-            )
+            raise UnsupportedModelError(f"{self.path.name}: this architecture cannot roll its cache back (recurrent or "
+                                        "hybrid model); speculative decoding needs that, so run it with --no-draft")  # fmt: skip
         del tokens[n_keep:]
+
+    def move_seq(self, src: int, dst: int) -> None:
+        """Move `src`'s cache to `dst` (dropping `dst`'s), leaving `src` empty. llama.cpp copies the whole KV stream
+        cell for cell as the next decode starts, before it places a token: `dst` computes bit for bit as `src`."""
+        self._context()
+        C = self._C  # noqa: N806
+        C.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        C.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+        C.llama_memory_seq_rm(self._mem, src, -1, -1)
+        self.seq_tokens[dst][:] = self.seq_tokens[src]
+        self.seq_tokens[src].clear()
 
     def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
         """How many leading tokens the cache already holds (called every step: no Python loop)."""
@@ -388,7 +394,5 @@ class Model(VocabMethods):
         self.close()
 
     def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

@@ -44,12 +44,13 @@ MIN_CHUNK = 8
 SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to be chosen for it
 
 
+def _contiguous(busy: list[int], seq: int) -> bool:
+    seqs = sorted([*busy, seq])
+    return seqs[-1] - seqs[0] == len(seqs) - 1
+
+
 def choose_slot(target: LoadedModel, slots: list[Slot], job: BatchJob, free: list[Slot]) -> Slot:
     busy = [s.seq for s in slots if s.job is not None]
-
-    def contiguous(slot: Slot) -> bool:
-        seqs = sorted([*busy, slot.seq])
-        return seqs[-1] - seqs[0] == len(seqs) - 1
 
     def reuse(slot: Slot) -> int:
         n = target.common_prefix(job.prompt, slot.seq)
@@ -59,8 +60,26 @@ def choose_slot(target: LoadedModel, slots: list[Slot], job: BatchJob, free: lis
     # comes back to it, after the tasks its client sends); then keeping busy ids contiguous (it saves a pass
     # over the weights every step); then the slot whose last job ended longest ago (one never used first)
     latest = max(s.last_used for s in free)
-    return max(free, key=lambda s: (reuse(s), not (latest and s.last_used == latest), contiguous(s), -s.last_used,
-                                    -s.seq))  # fmt: skip
+    return max(free, key=lambda s: (reuse(s), not (latest and s.last_used == latest), _contiguous(busy, s.seq),
+                                    -s.last_used, -s.seq))  # fmt: skip
+
+
+def set_aside(target: LoadedModel, slots: list[Slot], job: BatchJob, free: list[Slot], chosen: Slot) -> tuple[Slot, Slot | None]:  # fmt: skip
+    """(the job's slot, where the cache of the slot it takes moves to, or None). Where `chosen` (choose_slot's)
+    leaves a gap between busy slots only to keep the cache of the conversation that ended last, the job takes
+    that conversation's slot and the cache moves to `chosen` (`LoadedModel.move_seq`): llama.cpp batches only
+    consecutive sequences in one pass, and a gap costs every step a second pass or filler tokens, whose
+    attention runs over the length the idle slot holds."""
+    busy = [s.seq for s in slots if s.job is not None]
+    if not busy or _contiguous(busy, chosen.seq):
+        return chosen, None
+    if target.common_prefix(job.prompt, chosen.seq) >= SLOT_SIMILARITY * len(job.prompt):
+        return chosen, None  # its cache is the job's prompt
+    latest = max(s.last_used for s in free)
+    for s in free:
+        if s is not chosen and latest and s.last_used == latest and _contiguous(busy, s.seq):
+            return s, chosen
+    return chosen, None
 
 
 def taking_part(slots: list[Slot], fair: bool) -> tuple[list[Slot], list[Slot]]:

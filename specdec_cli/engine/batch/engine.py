@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, taking_part
+from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
 from specdec_cli.engine.batch.plan import Choice, Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
@@ -159,7 +159,13 @@ class BatchEngine:
                 job.result.stop_reason = "interrupted"
                 job._queue.put(END)
                 continue
-            self._start(job, choose_slot(self.target, self.slots, job, free))
+            slot, aside = set_aside(self.target, self.slots, job, free, choose_slot(self.target, self.slots, job, free))
+            if aside is not None:  # the conversation that ended last moves out of the busy slots' way
+                for model in (self.target, self.draft if self.planner.draft_broken is None else None):
+                    if model is not None:
+                        model.move_seq(slot.seq, aside.seq)
+                aside.last_used, slot.last_used = slot.last_used, aside.last_used
+            self._start(job, slot)
 
     def set_fair(self, fair: bool) -> None:
         """Fair slots (on by default): while another slot generates or a prompt is read, drafts may lengthen a
