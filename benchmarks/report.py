@@ -483,5 +483,27 @@ def fair_slots(name: str, base: str = "results/") -> str:
     return render(data, name, body, base, st["rounds"])
 
 
+def fair_cost(names: Sequence[str], base: str = "results/") -> str:
+    """Per pair of models: aggregate tokens/s with fair slots over without, in one process (benchmarks.fair_cost),
+    beside a drafting request and beside it drafting nothing."""
+    rows, captions = [], []
+    for name in names:
+        data = load(name)
+        st = data["settings"]
+
+        def cell(drafter: str, data: dict[str, Any] = data) -> str:
+            return interval([r["fair"]["tokens_per_second"] / r["no-fair"]["tokens_per_second"]
+                             for r in data["rows"] if r["drafter"] == drafter], ratio)  # fmt: skip
+
+        per_step = {k: spread([r[k]["copy_tokens_per_step"] for r in data["rows"] if r["drafter"] == "auto"], f1)
+                    for k in ("fair", "no-fair")}  # fmt: skip
+        rows.append([f"`{st['pair']}`", f"**{cell('auto')}**", cell("none"), per_step["fair"], per_step["no-fair"],
+                     "yes" if data["same_texts"] else "**no**"])  # fmt: skip
+        captions.append(caption(data, name, base))
+    header = ["pair", "aggregate tok/s, fair / no-fair: the copying request drafting (auto)",
+              "... drafting nothing", "copying request's tokens a step, fair", "... no-fair", "same texts"]  # fmt: skip
+    return table(header, rows) + "\n\n" + "\n\n".join(captions) + "\n"
+
+
 def ms1(x: float) -> str:
     return f"{x * 1000:.1f} ms"
