@@ -3,8 +3,8 @@
     .venv/bin/python -m benchmarks.fair_cost [--pair P] [--pairs 16] [--results PATH]
 
 benchmarks/fair_slots.py compares two servers, and two server processes differ by more than their
-settings: which slots their requests take follows each one's history, and the one started first runs
-a little slower. Here one `api.load(parallel=4)` runs every pair of runs, fair slots switched on and
+settings: which slots their requests take follows each one's history, and their speed may follow the
+order they started in. Here one `api.load(parallel=4)` runs every pair of runs, fair slots switched on and
 off between them (`BatchEngine.set_fair`, ABBA). A run: a request copying a passage it copied before
 (the auto drafter finds long runs of it in the token pool), and a plain stream (`drafter: none`) that
 joins once it generates; the aggregate completion tokens over the wall time from the first request to
