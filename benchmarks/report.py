@@ -491,13 +491,11 @@ def fair_cost(names: Sequence[str], base: str = "results/") -> str:
         data = load(name)
         st = data["settings"]
 
-        def cell(drafter: str, data: dict[str, Any] = data) -> str:
-            return interval([r["fair"]["tokens_per_second"] / r["no-fair"]["tokens_per_second"]
-                             for r in data["rows"] if r["drafter"] == drafter], ratio)  # fmt: skip
-
+        cost = {d: interval([r["fair"]["tokens_per_second"] / r["no-fair"]["tokens_per_second"]
+                             for r in data["rows"] if r["drafter"] == d], ratio) for d in ("auto", "none")}  # fmt: skip
         per_step = {k: spread([r[k]["copy_tokens_per_step"] for r in data["rows"] if r["drafter"] == "auto"], f1)
                     for k in ("fair", "no-fair")}  # fmt: skip
-        rows.append([f"`{st['pair']}`", f"**{cell('auto')}**", cell("none"), per_step["fair"], per_step["no-fair"],
+        rows.append([f"`{st['pair']}`", f"**{cost['auto']}**", cost["none"], per_step["fair"], per_step["no-fair"],
                      "yes" if data["same_texts"] else "**no**"])  # fmt: skip
         captions.append(caption(data, name, base))
     header = ["pair", "aggregate tok/s, fair / no-fair: the copying request drafting (auto)",

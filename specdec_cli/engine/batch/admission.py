@@ -49,19 +49,25 @@ def _contiguous(busy: list[int], seq: int) -> bool:
     return seqs[-1] - seqs[0] == len(seqs) - 1
 
 
+def _reuse(target: LoadedModel, job: BatchJob, slot: Slot) -> int:
+    """The prompt tokens `slot`'s cache holds, where that is most of the prompt; else 0."""
+    n = target.common_prefix(job.prompt, slot.seq)
+    return n if n >= SLOT_SIMILARITY * len(job.prompt) else 0
+
+
+def _ended_last(free: list[Slot]) -> float:
+    """When the free slot whose job ended last was freed (0.0: none was ever used)."""
+    return max(s.last_used for s in free)
+
+
 def choose_slot(target: LoadedModel, slots: list[Slot], job: BatchJob, free: list[Slot]) -> Slot:
     busy = [s.seq for s in slots if s.job is not None]
-
-    def reuse(slot: Slot) -> int:
-        n = target.common_prefix(job.prompt, slot.seq)
-        return n if n >= SLOT_SIMILARITY * len(job.prompt) else 0
-
     # The longest prefix that is most of the prompt; else not the slot whose job ended last (a chat's next turn
     # comes back to it, after the tasks its client sends); then keeping busy ids contiguous (it saves a pass
     # over the weights every step); then the slot whose last job ended longest ago (one never used first)
-    latest = max(s.last_used for s in free)
-    return max(free, key=lambda s: (reuse(s), not (latest and s.last_used == latest), _contiguous(busy, s.seq),
-                                    -s.last_used, -s.seq))  # fmt: skip
+    latest = _ended_last(free)
+    return max(free, key=lambda s: (_reuse(target, job, s), not (latest and s.last_used == latest),
+                                    _contiguous(busy, s.seq), -s.last_used, -s.seq))  # fmt: skip
 
 
 def set_aside(target: LoadedModel, slots: list[Slot], job: BatchJob, free: list[Slot], chosen: Slot) -> tuple[Slot, Slot | None]:  # fmt: skip
@@ -73,9 +79,9 @@ def set_aside(target: LoadedModel, slots: list[Slot], job: BatchJob, free: list[
     busy = [s.seq for s in slots if s.job is not None]
     if not busy or _contiguous(busy, chosen.seq):
         return chosen, None
-    if target.common_prefix(job.prompt, chosen.seq) >= SLOT_SIMILARITY * len(job.prompt):
+    if _reuse(target, job, chosen):
         return chosen, None  # its cache is the job's prompt
-    latest = max(s.last_used for s in free)
+    latest = _ended_last(free)
     for s in free:
         if s is not chosen and latest and s.last_used == latest and _contiguous(busy, s.seq):
             return s, chosen

@@ -161,9 +161,9 @@ class BatchEngine:
                 continue
             slot, aside = set_aside(self.target, self.slots, job, free, choose_slot(self.target, self.slots, job, free))
             if aside is not None:  # the conversation that ended last moves out of the busy slots' way
-                for model in (self.target, self.draft if self.planner.draft_broken is None else None):
-                    if model is not None:
-                        model.move_seq(slot.seq, aside.seq)
+                self.target.move_seq(slot.seq, aside.seq)
+                if self.draft is not None and self.planner.draft_broken is None:
+                    self.draft.move_seq(slot.seq, aside.seq)
                 aside.last_used, slot.last_used = slot.last_used, aside.last_used
             self._start(job, slot)
 
