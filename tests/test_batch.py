@@ -220,12 +220,13 @@ def test_one_slots_drafts_are_not_bought_with_the_others_time(monkeypatch: pytes
     assert set(drafts(1, 4)) == {0}  # the sum would have bought them
 
 
-def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
+def test_fair_slots_bound_what_one_slots_drafts_cost_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two slots on a bandwidth-bound target (a batch of b tokens costs b**0.4 single decodes), one slot's lookup
     always right: unbounded, it drafts long (its gain outweighs the other's loss even in the geometric mean), and
     the other stream waits for the longer step. With fair slots, drafts may make the step FAIR_STEP plain steps
     or FAIR_GAP single decodes long, whichever is longer: here FAIR_GAP, which lets it draft more than FAIR_STEP
-    would (beside a stream; between whole answers, FAIR_STEP). A slot alone drafts as long as it pays."""
+    would (beside a stream; between whole answers, FAIR_STEP). A stream alone drafts as long as it pays; a whole
+    answer alone, as long as a step of prompts nobody streams (a stream that arrives waits for it)."""
     target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
     costs = BatchCosts({b: b**0.4 for b in range(2, 300)}, 0.01)
     costs.observe(1, 0.01)
@@ -253,6 +254,10 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others() -> None:
     assert unfair >= 10 and unfair_step > max(FAIR_STEP * plain, FAIR_GAP)
     assert 1 <= fair < unfair and FAIR_STEP * plain < fair_step <= FAIR_GAP
     assert drafts(True, n_slots=1)[0] >= 10
+    monkeypatch.setattr(plan_module, "BACKGROUND_SECONDS", 0.025)  # 2.5 single decodes: 9 tokens
+    alone, alone_step, _ = drafts(True, n_slots=1, streamed=False)
+    assert 1 <= alone < 10 and alone_step <= 2.5 and drafts(False, n_slots=1, streamed=False)[0] >= 10
+    monkeypatch.undo()
     # whole answers side by side (a chat client's tasks): FAIR_STEP only, so that a stream arriving meanwhile
     # waits little for the step in progress
     background, background_step, _ = drafts(True, streamed=False)

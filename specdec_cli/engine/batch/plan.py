@@ -4,14 +4,14 @@ Each candidate plan (every slot drafting up to m-1 tokens, from its n-gram looku
 draft model) is valued as expected tokens (the slots' geometric mean, `fair_tokens`) over cost, in
 single-token target decodes: the target batch as llama.cpp will split it (`ubatch_sizes`), or filled
 to one micro-batch where that is cheaper, less what the step's prompt chunks cost anyway, plus the
-draft rounds. A plan with model
-drafts must win in the steady state and again with its caches' one-time catch-up spread over the
-steps it can pay back in (engine/batch/occupancy.py). Drafting plans are then scaled by how such steps
-really turned out against their prediction (engine/batch/realized.py). With fair slots, a plan whose whole
-step time passes FAIR_STEP plain steps beside another generating slot or a prompt being read (FAIR_GAP
-single decodes beside a stream, where that is longer), or that adds time to a step giving
-a request its first token, is not taken (engine/batch/admission.py). docs/design.md, "Several requests
-in one batch", tells the whole story.
+draft rounds. A plan with model drafts must win in the steady state and again with its caches' one-time
+catch-up spread over the steps it can pay back in (engine/batch/occupancy.py). Drafting plans are then
+scaled by how such steps really turned out against their prediction (engine/batch/realized.py). With fair
+slots, a plan whose whole step time passes FAIR_STEP plain steps beside another generating slot or a prompt
+being read (FAIR_GAP single decodes beside a stream, where that is longer), or that adds time to a step
+giving a request its first token, is not taken, and a whole answer alone drafts no longer a step than a
+step of prompts nobody streams (engine/batch/admission.py). docs/design.md, "Several requests in one
+batch", tells the whole story.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 
 from specdec_cli.engine.batch.admission import FAIR_GAP, FAIR_STEP, prompt_chunks, prompt_room
+from specdec_cli.engine.batch.admission import PROMPT_BACKGROUND_SECONDS as BACKGROUND_SECONDS
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.pricing import Choice, batch_cost, fair_tokens, filled
 from specdec_cli.engine.batch.realized import Realized
@@ -178,6 +179,10 @@ class Planner:
         # longer: whole answers' steps are kept short for a stream that arrives meanwhile), and a step that gives
         # a request its first token takes only drafts that cost it nothing
         limit = None
+        if self.fair_step is not None and self._alone and not gen[0].streamed and one:
+            # A whole answer alone: a stream that arrives waits for the step in progress, which may last as long as
+            # a step of prompts nobody streams (or a plain step)
+            limit = max(self._cost(plain_plan, pre_counts, unit, whole=True), BACKGROUND_SECONDS / one)
         if self.fair_step is not None and (len(gen) >= 2 or pre):
             limit = self._cost(plain_plan, pre_counts, unit, whole=True)
             if not first_token:
