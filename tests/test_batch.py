@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from specdec_cli import api
 from specdec_cli.engine.batch import plan as plan_module
 from specdec_cli.engine.batch.admission import (
+    BACKGROUND_SECONDS,
     FAIR_GAP,
     FAIR_STEP,
     MIN_CHUNK,
     PROMPT_ALONE_SECONDS,
-    PROMPT_BACKGROUND_SECONDS,
     PROMPT_STEP_SECONDS,
     choose_slot,
     prompt_chunks,
@@ -254,14 +254,13 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others(monkeypatch: pyt
     assert unfair >= 10 and unfair_step > max(FAIR_STEP * plain, FAIR_GAP)
     assert 1 <= fair < unfair and FAIR_STEP * plain < fair_step <= FAIR_GAP
     assert drafts(True, n_slots=1)[0] >= 10
-    monkeypatch.setattr(plan_module, "BACKGROUND_SECONDS", 0.025)  # 2.5 single decodes: 9 tokens
-    alone, alone_step, _ = drafts(True, n_slots=1, streamed=False)
-    assert 1 <= alone < 10 and alone_step <= 2.5 and drafts(False, n_slots=1, streamed=False)[0] >= 10
-    monkeypatch.undo()
-    # whole answers side by side (a chat client's tasks): FAIR_STEP only, so that a stream arriving meanwhile
-    # waits little for the step in progress
-    background, background_step, _ = drafts(True, streamed=False)
-    assert 1 <= background < fair and background_step <= FAIR_STEP * plain
+    # Whole answers (a chat client's tasks), alone or side by side: nobody reads their steps, but a stream that
+    # arrives waits for the one in progress, so a step lasts at most BACKGROUND_SECONDS (here 2.5 single decodes)
+    monkeypatch.setattr(plan_module, "BACKGROUND_SECONDS", 0.025)
+    for n_slots in (1, 2):
+        (background, background_step, plain_step), (unbounded, unbounded_step, _) = (
+            drafts(fair, n_slots=n_slots, streamed=False) for fair in (True, False))  # fmt: skip
+        assert 1 <= background < unbounded and background_step <= max(plain_step, 2.5) < unbounded_step
 
     def beside_a_first_token(fair: bool) -> int:
         """The slot alone generating while another request's prompt finishes in this step."""
@@ -320,7 +319,7 @@ def test_beside_other_requests_a_step_reads_a_tenth_of_a_second_of_prompt() -> N
     assert costs.relative(2 + room) * 0.01 <= PROMPT_STEP_SECONDS < costs.relative(3 + room) * 0.01
     assert prompt_room(BatchCosts({b: 50.0 * b for b in range(2, 300)}, 0.01), 2, 3, 256) == MIN_CHUNK
     background = prompt_room(costs, 0, 1, 256, watched=False)  # a prompt nobody streams, even alone
-    assert costs.relative(background) * 0.01 <= PROMPT_BACKGROUND_SECONDS < costs.relative(background + 1) * 0.01
+    assert costs.relative(background) * 0.01 <= BACKGROUND_SECONDS < costs.relative(background + 1) * 0.01
 
 
 def test_a_streams_prompt_is_read_while_whole_answers_sit_the_step_out() -> None:

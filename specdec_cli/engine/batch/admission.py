@@ -10,7 +10,7 @@ answer), then one that keeps the busy slots' ids contiguous, then the one used l
 Fair (the default): while a streamed request's prompt is read, jobs nobody reads token by token sit
 the step out (`taking_part`). Prompts are read under the step's token budget: a step reads no more
 prompt than fits in PROMPT_STEP_SECONDS beside other requests (PROMPT_ALONE_SECONDS alone,
-PROMPT_BACKGROUND_SECONDS for prompts nobody streams); the prompt with the least left goes first,
+BACKGROUND_SECONDS for prompts nobody streams); the prompt with the least left goes first,
 since the shortest remaining prompt first gives the least time to first token on average; and a
 prompt that finishes in a step is held up by the other prompts' chunks by at most `FAIR_STEP - 1`
 of the step. Otherwise every job takes part, first admitted first, up to the budget.
@@ -36,10 +36,12 @@ FAIR_GAP = 2.5
 # bandwidth-bound F32 one reads them about 10% slower in chunks of 64, 3% in chunks of 128.
 PROMPT_STEP_SECONDS = 0.1
 PROMPT_ALONE_SECONDS = 0.25
-# ... and for prompts of requests nobody streams (a chat client's title and tag tasks): a streamed request that
-# arrives while they are read waits for the step in progress, and its first token should come about as soon as
-# alone. Chunks of 16 tokens cost the packaged target no more a token; the F32 one about 45% more.
-PROMPT_BACKGROUND_SECONDS = 0.05
+# A step nobody streams (whole answers: a chat client's title and tag tasks, their prompts and their drafts) lasts
+# at most this long, or a plain step: a streamed request that arrives waits for the step in progress, and its first
+# token should come about as soon as alone, which for a chat's next turn is one prompt step of the new message (on
+# the F32 pair a 20-token message takes about 55 ms). Chunks of 16 tokens cost the packaged target no more a token;
+# the F32 one about 45% more.
+BACKGROUND_SECONDS = 0.03
 MIN_CHUNK = 8
 SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to be chosen for it
 
@@ -103,13 +105,13 @@ def taking_part(slots: list[Slot], fair: bool) -> tuple[list[Slot], list[Slot]]:
 
 def prompt_room(costs: BatchCosts, generating: int, busy: int, budget: int, watched: bool = True) -> int:
     """The prompt tokens a fair step may read with `busy` requests in the slots: as many as keep the step within
-    PROMPT_STEP_SECONDS beside other requests, PROMPT_ALONE_SECONDS for a request alone, PROMPT_BACKGROUND_SECONDS
+    PROMPT_STEP_SECONDS beside other requests, PROMPT_ALONE_SECONDS for a request alone, BACKGROUND_SECONDS
     for prompts nobody streams (`watched` off) (at least MIN_CHUNK), so that a request arriving meanwhile, or a
     stream beside, waits at most about that long for it."""
     one = costs.one
     if one is None:
         return budget
-    seconds = PROMPT_BACKGROUND_SECONDS if not watched else PROMPT_STEP_SECONDS if busy > 1 else PROMPT_ALONE_SECONDS
+    seconds = BACKGROUND_SECONDS if not watched else PROMPT_STEP_SECONDS if busy > 1 else PROMPT_ALONE_SECONDS
     lo, hi = min(MIN_CHUNK, budget), budget  # the largest n with relative(generating + n) * one <= seconds
     while lo < hi:
         mid = (lo + hi + 1) // 2

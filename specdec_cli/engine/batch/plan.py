@@ -9,8 +9,8 @@ catch-up spread over the steps it can pay back in (engine/batch/occupancy.py). D
 scaled by how such steps really turned out against their prediction (engine/batch/realized.py). With fair
 slots, a plan whose whole step time passes FAIR_STEP plain steps beside another generating slot or a prompt
 being read (FAIR_GAP single decodes beside a stream, where that is longer), or that adds time to a step
-giving a request its first token, is not taken, and a whole answer alone drafts no longer a step than a
-step of prompts nobody streams (engine/batch/admission.py). docs/design.md, "Several requests in one
+giving a request its first token, is not taken, and a step nobody streams (whole answers, alone too) lasts
+no longer than BACKGROUND_SECONDS (engine/batch/admission.py). docs/design.md, "Several requests in one
 batch", tells the whole story.
 """
 
@@ -20,8 +20,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from specdec_cli.engine.batch.admission import FAIR_GAP, FAIR_STEP, prompt_chunks, prompt_room
-from specdec_cli.engine.batch.admission import PROMPT_BACKGROUND_SECONDS as BACKGROUND_SECONDS
+from specdec_cli.engine.batch.admission import BACKGROUND_SECONDS, FAIR_GAP, FAIR_STEP, prompt_chunks, prompt_room
 from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.pricing import Choice, batch_cost, fair_tokens, filled
 from specdec_cli.engine.batch.realized import Realized
@@ -176,14 +175,12 @@ class Planner:
         self._alone = len(gen) == 1 and not pre
         # Fair slots: with another slot generating or a prompt being read, drafts may add at most FAIR_STEP - 1
         # plain steps to the step (or, beside a stream, make it FAIR_GAP single-token decodes long where that is
-        # longer: whole answers' steps are kept short for a stream that arrives meanwhile), and a step that gives
-        # a request its first token takes only drafts that cost it nothing
+        # longer), and a step that gives a request its first token takes only drafts that cost it nothing. A step
+        # nobody streams, alone too, lasts at most BACKGROUND_SECONDS: a stream that arrives waits for it
         limit = None
-        if self.fair_step is not None and self._alone and not gen[0].streamed and one:
-            # A whole answer alone: a stream that arrives waits for the step in progress, which may last as long as
-            # a step of prompts nobody streams (or a plain step)
+        if self.fair_step is not None and not any(s.streamed for s in (*gen, *pre)):
             limit = max(self._cost(plain_plan, pre_counts, unit, whole=True), BACKGROUND_SECONDS / one)
-        if self.fair_step is not None and (len(gen) >= 2 or pre):
+        elif self.fair_step is not None and (len(gen) >= 2 or pre):
             limit = self._cost(plain_plan, pre_counts, unit, whole=True)
             if not first_token:
                 limit += (self.fair_step - 1) * self._cost(plain_plan, [0] * self.n_slots, unit, whole=True)
