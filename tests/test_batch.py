@@ -231,11 +231,12 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others(monkeypatch: pyt
     costs = BatchCosts({b: b**0.4 for b in range(2, 300)}, 0.01)
     costs.observe(1, 0.01)
 
-    def drafts(fair: bool, n_slots: int = 2, streamed: bool = True) -> tuple[int, float, float]:
+    def drafts(fair: bool, n_slots: int = 2, streamed: bool = True, chatting: bool = True) -> tuple[int, float, float]:
         """The first slot's draft length, the step's cost (single decodes) and the plain step's."""
         planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=n_slots, model_k_max=None,
                           budget=256)  # fmt: skip
         planner.fair_step = FAIR_STEP if fair else None
+        planner.chatting = chatting  # a free slot holds a streamed conversation
         gen = [_slot(target, 0, [1, 2, 3, 4, 5] * 8), *(_slot(target, s, list(range(10, 50))) for s in range(1, n_slots))]
         for s in gen:
             assert s.job is not None
@@ -254,13 +255,16 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others(monkeypatch: pyt
     assert unfair >= 10 and unfair_step > max(FAIR_STEP * plain, FAIR_GAP)
     assert 1 <= fair < unfair and FAIR_STEP * plain < fair_step <= FAIR_GAP
     assert drafts(True, n_slots=1)[0] >= 10
-    # Whole answers (a chat client's tasks), alone or side by side: nobody reads their steps, but a stream that
-    # arrives waits for the one in progress, so a step lasts at most BACKGROUND_SECONDS (here 2.5 single decodes)
+    # Whole answers (a chat client's tasks), alone or side by side: nobody reads their steps, but while a free slot
+    # holds a streamed conversation, its next turn may arrive and wait for the step in progress, so a step lasts
+    # at most BACKGROUND_SECONDS (here 2.5 single decodes). With no conversation to come back, a whole answer
+    # alone drafts as a stream alone does
     monkeypatch.setattr(plan_module, "BACKGROUND_SECONDS", 0.025)
     for n_slots in (1, 2):
         (background, background_step, plain_step), (unbounded, unbounded_step, _) = (
             drafts(fair, n_slots=n_slots, streamed=False) for fair in (True, False))  # fmt: skip
         assert 1 <= background < unbounded and background_step <= max(plain_step, 2.5) < unbounded_step
+    assert drafts(True, n_slots=1, streamed=False, chatting=False)[0] == drafts(True, n_slots=1)[0] >= 10
 
     def beside_a_first_token(fair: bool) -> int:
         """The slot alone generating while another request's prompt finishes in this step."""
@@ -318,7 +322,7 @@ def test_beside_other_requests_a_step_reads_a_tenth_of_a_second_of_prompt() -> N
     room = prompt_room(costs, 2, 3, 256)
     assert costs.relative(2 + room) * 0.01 <= PROMPT_STEP_SECONDS < costs.relative(3 + room) * 0.01
     assert prompt_room(BatchCosts({b: 50.0 * b for b in range(2, 300)}, 0.01), 2, 3, 256) == MIN_CHUNK
-    background = prompt_room(costs, 0, 1, 256, watched=False)  # a prompt nobody streams, even alone
+    background = prompt_room(costs, 0, 1, 256, background=True)  # a prompt nobody streams, even alone
     assert costs.relative(background) * 0.01 <= BACKGROUND_SECONDS < costs.relative(background + 1) * 0.01
 
 

@@ -115,6 +115,25 @@ def test_a_prompt_given_only_fillers_in_a_step_is_still_read_whole(spec: api.Spe
             assert any(seq[: len(ids)] == ids for seq in held), p
 
 
+def test_whole_answers_keep_their_steps_short_only_while_a_streamed_conversation_may_come_back() -> None:
+    """A request that does not stream (`interactive` off) is bounded as background work (plan.py, BACKGROUND_SECONDS)
+    only while a free slot holds a streamed conversation, whose next turn would wait for the step in progress: a
+    script sending whole answers alone keeps every step's drafts."""
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=4) as par:
+        engine = par.batch_engine()
+        seen: list[bool] = []
+        engine.on_step = lambda n_seqs, n_tokens, drafted: seen.append(engine.planner.chatting)
+
+        def whole_answer() -> list[bool]:
+            seen.clear()
+            par.generate(PROMPTS[0], max_tokens=16, interactive=False)
+            return list(seen)
+
+        assert not any(whole_answer() + whole_answer())
+        par.generate(PROMPTS[1], max_tokens=16)  # streamed: its slot now holds a conversation
+        assert all(whole_answer())
+
+
 def test_an_inexact_target_decodes_alone_one_request_at_a_time(spec: api.Speculator) -> None:
     """A target that no kernel set computes exactly in a batch (engine/kernels.py's `inexact`: a stock build's
     llamafile sgemm) gets neither drafts nor batch-mates: every drafter gives the target alone, and

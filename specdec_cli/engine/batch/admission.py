@@ -36,11 +36,12 @@ FAIR_GAP = 2.5
 # bandwidth-bound F32 one reads them about 10% slower in chunks of 64, 3% in chunks of 128.
 PROMPT_STEP_SECONDS = 0.1
 PROMPT_ALONE_SECONDS = 0.25
-# A step nobody streams (whole answers: a chat client's title and tag tasks, their prompts and their drafts) lasts
-# at most this long, or a plain step: a streamed request that arrives waits for the step in progress, and its first
-# token should come about as soon as alone, which for a chat's next turn is one prompt step of the new message (on
-# the F32 pair a 20-token message takes about 55 ms). Chunks of 16 tokens cost the packaged target no more a token;
-# the F32 one about 45% more.
+# While a free slot holds a streamed conversation, a step nobody streams (whole answers: a chat client's title and
+# tag tasks, their prompts and their drafts) lasts at most this long, or a plain step: the conversation's next turn
+# waits for the step in progress, and its first token should come about as soon as alone, which for a next turn is
+# one prompt step of the new message (on the F32 pair a 20-token message takes about 55 ms). Chunks of 16 tokens
+# cost the packaged target no more a token; the F32 one about 45% more. With no conversation to come back (a script
+# sending whole answers only), whole answers are read and drafted as streams are.
 BACKGROUND_SECONDS = 0.03
 MIN_CHUNK = 8
 SLOT_SIMILARITY = 0.5  # the share of a prompt a slot's cache must hold to be chosen for it
@@ -103,15 +104,15 @@ def taking_part(slots: list[Slot], fair: bool) -> tuple[list[Slot], list[Slot]]:
     return [s for s in gen if s.streamed], first
 
 
-def prompt_room(costs: BatchCosts, generating: int, busy: int, budget: int, watched: bool = True) -> int:
+def prompt_room(costs: BatchCosts, generating: int, busy: int, budget: int, background: bool = False) -> int:
     """The prompt tokens a fair step may read with `busy` requests in the slots: as many as keep the step within
     PROMPT_STEP_SECONDS beside other requests, PROMPT_ALONE_SECONDS for a request alone, BACKGROUND_SECONDS
-    for prompts nobody streams (`watched` off) (at least MIN_CHUNK), so that a request arriving meanwhile, or a
-    stream beside, waits at most about that long for it."""
+    for prompts nobody streams while a conversation may come back (`background`) (at least MIN_CHUNK), so that
+    a request arriving meanwhile, or a stream beside, waits at most about that long for it."""
     one = costs.one
     if one is None:
         return budget
-    seconds = BACKGROUND_SECONDS if not watched else PROMPT_STEP_SECONDS if busy > 1 else PROMPT_ALONE_SECONDS
+    seconds = BACKGROUND_SECONDS if background else PROMPT_STEP_SECONDS if busy > 1 else PROMPT_ALONE_SECONDS
     lo, hi = min(MIN_CHUNK, budget), budget  # the largest n with relative(generating + n) * one <= seconds
     while lo < hi:
         mid = (lo + hi + 1) // 2

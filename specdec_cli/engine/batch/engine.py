@@ -165,6 +165,7 @@ class BatchEngine:
                 if self.draft is not None and self.planner.draft_broken is None:
                     self.draft.move_seq(slot.seq, aside.seq)
                 aside.last_used, slot.last_used = slot.last_used, aside.last_used
+                aside.last_streamed, slot.last_streamed = slot.last_streamed, aside.last_streamed
             self._start(job, slot)
 
     def set_fair(self, fair: bool) -> None:
@@ -209,7 +210,7 @@ class BatchEngine:
         job = slot.job
         assert job is not None
         job.result.wall_seconds = time.perf_counter() - slot.started
-        slot.last_used = time.perf_counter()
+        slot.last_used, slot.last_streamed = time.perf_counter(), job.config.interactive
         if slot.gen is not None:
             slot.gen._decoder.reset()
         if error is not None:
@@ -227,6 +228,7 @@ class BatchEngine:
         if not gen and not pre:
             return
         self.planner.occupancy.observe(len(gen) + len(pre))
+        self.planner.chatting = any(s.job is None and s.last_streamed for s in self.slots)
         t_step = time.perf_counter()
         n_gen, no_prompt = len(gen), not pre  # what the step is measured under (engine/batch/realized.py)
         choices = self.planner.plan(gen, pre)

@@ -9,8 +9,8 @@ catch-up spread over the steps it can pay back in (engine/batch/occupancy.py). D
 scaled by how such steps really turned out against their prediction (engine/batch/realized.py). With fair
 slots, a plan whose whole step time passes FAIR_STEP plain steps beside another generating slot or a prompt
 being read (FAIR_GAP single decodes beside a stream, where that is longer), or that adds time to a step
-giving a request its first token, is not taken, and a step nobody streams (whole answers, alone too) lasts
-no longer than BACKGROUND_SECONDS (engine/batch/admission.py). docs/design.md, "Several requests in one
+giving a request its first token, is not taken, and while a streamed conversation may come back a step
+nobody streams lasts no longer than BACKGROUND_SECONDS (engine/batch/admission.py). docs/design.md, "Several requests in one
 batch", tells the whole story.
 """
 
@@ -52,6 +52,7 @@ class Planner:
         self.model_k_max = model_k_max
         self.budget = budget  # target tokens per step (prompt chunks included)
         self.fair_step: float | None = FAIR_STEP  # None: drafts are bounded by tokens per second only
+        self.chatting = False  # a free slot holds a streamed conversation: its next turn may arrive any step
         self.draft_broken: str | None = None  # why the draft model was dropped (the engine sets it)
         self.occupancy = Occupancy()
         self.realized = Realized()
@@ -175,10 +176,10 @@ class Planner:
         self._alone = len(gen) == 1 and not pre
         # Fair slots: with another slot generating or a prompt being read, drafts may add at most FAIR_STEP - 1
         # plain steps to the step (or, beside a stream, make it FAIR_GAP single-token decodes long where that is
-        # longer), and a step that gives a request its first token takes only drafts that cost it nothing. A step
-        # nobody streams, alone too, lasts at most BACKGROUND_SECONDS: a stream that arrives waits for it
+        # longer), and a step that gives a request its first token takes only drafts that cost it nothing. While
+        # a conversation may come back, a step nobody streams lasts at most BACKGROUND_SECONDS, alone too
         limit = None
-        if self.fair_step is not None and not any(s.streamed for s in (*gen, *pre)):
+        if self.fair_step is not None and self.chatting and not any(s.streamed for s in (*gen, *pre)):
             limit = max(self._cost(plain_plan, pre_counts, unit, whole=True), BACKGROUND_SECONDS / one)
         elif self.fair_step is not None and (len(gen) >= 2 or pre):
             limit = self._cost(plain_plan, pre_counts, unit, whole=True)
@@ -258,7 +259,8 @@ class Planner:
         room = self.budget - generating
         if self.fair_step is None:
             return room
-        return min(room, prompt_room(self.state.costs, generating, busy, room, any(s.streamed for s in pre)))
+        background = self.chatting and not any(s.streamed for s in pre)
+        return min(room, prompt_room(self.state.costs, generating, busy, room, background))
 
     def _heads_lookup(self, s: Slot, cap: int) -> None:
         """The heads' guesses (drafters/medusa.py) replace the slot's lookup where they are worth more (for a

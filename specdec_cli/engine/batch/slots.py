@@ -60,6 +60,7 @@ class Slot:
     index: int = 0  # the next step's index
     started: float = 0.0
     last_used: float = 0.0  # when its last job ended (perf_counter): a new job takes the longest unused slot
+    last_streamed: bool = False  # its last job was streamed: a conversation whose next turn may come any time
     t_prefill: float = 0.0
     ngram: NgramDrafter = field(default_factory=NgramDrafter)
     shadow: ShadowScore = field(default_factory=ShadowScore)
