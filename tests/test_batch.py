@@ -225,8 +225,8 @@ def test_fair_slots_bound_what_one_slots_drafts_cost_the_others(monkeypatch: pyt
     always right: unbounded, it drafts long (its gain outweighs the other's loss even in the geometric mean), and
     the other stream waits for the longer step. With fair slots, drafts may make the step FAIR_STEP plain steps
     or FAIR_GAP single decodes long, whichever is longer: here FAIR_GAP, which lets it draft more than FAIR_STEP
-    would (beside a stream; between whole answers, FAIR_STEP). A stream alone drafts as long as it pays; a whole
-    answer alone, as long as a step of prompts nobody streams (a stream that arrives waits for it)."""
+    would (beside a stream). A stream alone drafts as long as it pays; whole answers, while a streamed conversation
+    may come back, only as long as BACKGROUND_SECONDS allows (its next turn would wait for the step)."""
     target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
     costs = BatchCosts({b: b**0.4 for b in range(2, 300)}, 0.01)
     costs.observe(1, 0.01)

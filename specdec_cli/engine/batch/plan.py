@@ -10,8 +10,8 @@ scaled by how such steps really turned out against their prediction (engine/batc
 slots, a plan whose whole step time passes FAIR_STEP plain steps beside another generating slot or a prompt
 being read (FAIR_GAP single decodes beside a stream, where that is longer), or that adds time to a step
 giving a request its first token, is not taken, and while a streamed conversation may come back a step
-nobody streams lasts no longer than BACKGROUND_SECONDS (engine/batch/admission.py). docs/design.md, "Several requests in one
-batch", tells the whole story.
+nobody streams lasts no longer than BACKGROUND_SECONDS (engine/batch/admission.py). docs/design.md,
+"Several requests in one batch", tells the whole story.
 """
 
 from __future__ import annotations
