@@ -34,9 +34,13 @@ from benchmarks.record import pair_files
 from benchmarks.serve_bench import SUBJECTS
 from specdec_cli import api
 from specdec_cli.engine.batch.engine import BatchEngine
+from specdec_cli.engine.batch.occupancy import Occupancy
+from specdec_cli.engine.batch.realized import Realized
+from specdec_cli.engine.drafters.auto import AutoState
+from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import Step
 
-Learned = tuple[Any, Any, Any, Any]
+Learned = tuple[AutoState, Realized, Occupancy, BatchCosts]
 
 
 def learned(engine: BatchEngine) -> Learned:
@@ -45,10 +49,10 @@ def learned(engine: BatchEngine) -> Learned:
     return p.state, p.realized, p.occupancy, p.draft_costs
 
 
-def install(engine: BatchEngine, record_: Learned) -> None:
+def install(engine: BatchEngine, kept: Learned) -> None:
     p = engine.planner
-    engine.state = p.state = record_[0]
-    p.realized, p.occupancy, p.draft_costs = record_[1:]
+    engine.state = p.state = kept[0]
+    p.realized, p.occupancy, p.draft_costs = kept[1:]
 
 
 def one_run(spec: api.Speculator, copy: list[dict[str, str]], plain: list[dict[str, str]], drafter: str) -> dict[str, Any]:  # fmt: skip

@@ -13,7 +13,8 @@ prompt than fits in PROMPT_STEP_SECONDS beside other requests (PROMPT_ALONE_SECO
 BACKGROUND_SECONDS for prompts nobody streams while a streamed conversation may come back); the prompt
 with the least left goes first, since the shortest remaining prompt first gives the least time to
 first token on average; and a prompt that finishes in a step is held up by the other prompts' chunks
-by at most `FAIR_STEP - 1` of the step. Otherwise every job takes part, first admitted first, up to the budget.
+by at most `FAIR_STEP - 1` of the step. Otherwise every job takes part, first admitted first, up to the
+budget.
 """
 
 from __future__ import annotations

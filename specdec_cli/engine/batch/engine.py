@@ -174,8 +174,9 @@ class BatchEngine:
         a prompt takes only free drafts, and while a free slot holds a streamed conversation a step no stream
         takes part in lasts at most `BACKGROUND_SECONDS` (plan.py); while a streamed job's prompt is read, jobs
         that are not `interactive` sit the step out; a step reads a bounded time of prompt, shortest first, and
-        a prompt that finishes in it is not held up by more than half by the others' chunks (admission.py). Off: the most tokens per second over all slots,
-        every job in every step, the whole token budget of prompt per step, first admitted first."""
+        a prompt that finishes in it is not held up by more than half by the others' chunks (admission.py). Off:
+        the most tokens per second over all slots, every job in every step, the whole token budget of prompt per
+        step, first admitted first."""
         self.planner.fair_step = FAIR_STEP if fair else None
 
     @property
