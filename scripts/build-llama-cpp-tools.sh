@@ -16,6 +16,7 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 say() { printf 'build-llama-cpp-tools: %s\n' "$*" >&2; }
 source scripts/cmake-args.sh
 source scripts/llama-source.sh
+gpu_choice || exit 2
 
 SRC="$OUT/src"
 llama_source "$SRC"

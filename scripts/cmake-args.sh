@@ -26,4 +26,49 @@ if [ "$(uname -m)" = "x86_64" ] && [ -r /proc/cpuinfo ]; then
     ARGS+=" -DGGML_AVX=ON"
   fi
 fi
-ARGS="${SPECDEC_CMAKE_ARGS:-$ARGS}"
+
+# The GPU, on top of the CPU flags (never instead of them: RPC and the AMX trap above stay as they are).
+# SPECDEC_GPU=cuda or cpu forces either; unset, an NVIDIA GPU that nvidia-smi lists, with a CUDA toolkit
+# (nvcc on PATH, in $CUDA_HOME/bin or in /usr/local/cuda/bin), builds for CUDA, for the compute capability the
+# driver reports (SPECDEC_CUDA_ARCH, "90" or "86;90", overrides it). A GPU without a toolkit gets the CPU build
+# and $GPU_NOTE says what to install. $GPU says what was chosen (cuda or cpu); the wheel cache key follows $ARGS.
+GPU=cpu
+GPU_NOTE=""
+gpu_arch() {  # "9.0" -> "90", one entry per distinct GPU model
+  nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | grep -E '^[0-9]+$' | sort -u | paste -sd';' -
+}
+find_nvcc() {
+  local c
+  for c in "$(command -v nvcc 2>/dev/null)" "${CUDA_HOME:+$CUDA_HOME/bin/nvcc}" /usr/local/cuda/bin/nvcc; do
+    [ -n "$c" ] && [ -x "$c" ] && { printf '%s' "$c"; return 0; }
+  done
+  return 1
+}
+case "${SPECDEC_GPU:-auto}" in
+  cpu) ;;
+  cuda|auto)
+    ARCH=${SPECDEC_CUDA_ARCH:-$(gpu_arch || true)}
+    NVCC=$(find_nvcc || true)
+    if [ -n "$NVCC" ] && { [ -n "$ARCH" ] || [ "${SPECDEC_GPU:-auto}" = cuda ]; }; then
+      GPU=cuda
+      # no GPU to read (SPECDEC_GPU=cuda on a build machine): llama.cpp's own list of architectures
+      ARGS+=" -DGGML_CUDA=ON -DCMAKE_CUDA_COMPILER=$NVCC${ARCH:+ -DCMAKE_CUDA_ARCHITECTURES=$ARCH}"
+    elif [ "${SPECDEC_GPU:-auto}" = cuda ]; then
+      GPU=missing-toolkit
+      GPU_NOTE="SPECDEC_GPU=cuda, but no CUDA compiler (nvcc) was found on PATH, in \$CUDA_HOME/bin or in /usr/local/cuda/bin: install NVIDIA's CUDA toolkit (or set CUDA_HOME), or leave SPECDEC_GPU unset"
+    elif [ -n "$ARCH" ]; then
+      GPU_NOTE="an NVIDIA GPU is here but no CUDA toolkit (nvcc): building for the CPU only. Install NVIDIA's CUDA toolkit (or set CUDA_HOME to it) and run scripts/setup.sh again to build for the GPU"
+    fi ;;
+  *) GPU=invalid; GPU_NOTE="SPECDEC_GPU must be cuda, cpu or unset (auto), got '${SPECDEC_GPU}'" ;;
+esac
+# Extra flags go after ours (CMake keeps the last value of a variable): -DGGML_CUDA_FA_ALL_QUANTS=ON, say.
+ARGS+="${SPECDEC_CMAKE_ARGS:+ $SPECDEC_CMAKE_ARGS}"
+
+# What the sourcing script says of the choice (its say()); false where nothing can be built.
+gpu_choice() {
+  case "$GPU" in
+    invalid|missing-toolkit) say "$GPU_NOTE"; return 1 ;;
+    cuda) say "building for an NVIDIA GPU (CUDA) as well as the CPU: SPECDEC_GPU=cpu builds for the CPU only" ;;
+    *) [ -z "$GPU_NOTE" ] || say "$GPU_NOTE" ;;
+  esac
+}

