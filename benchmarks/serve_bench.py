@@ -76,6 +76,13 @@ TEMPLATES = ("Write a detailed essay about {}, in several long paragraphs.",
              "Explain {} to a curious twelve-year-old, step by step.")  # both checked past 96 tokens on both targets
 PROMPTS = [t.format(s) for t in TEMPLATES for s in SUBJECTS]  # 128: 8 rounds of 8 clients x 2 requests
 CTX = 4096  # per slot
+
+
+def gpu_layers() -> int:
+    """specdec serve's default, which llama-server gets too: every layer on the GPU where there is one."""
+    return kernels.gpu_layers(None, "n_gpu_layers")
+
+
 LLAMA = ("llama-server", "llama-server -md")  # the servers specdec auto is compared with
 # The CPU kernels each server computes with, for the results file (`kernels_of`): specdec's target runs exact
 # mode's (engine/kernels.py), "llama-server exact" the same ones, llama-server stock llama.cpp's.
@@ -84,11 +91,11 @@ STOCK = ("llama.cpp's defaults: flash attention auto, repacked weights (a GEMM f
 
 
 def kernels_of(label: str, target: Path) -> str:
-    ours = kernels.expected(target, 2)  # the probe's verdict, kept when specdec's servers loaded the target
+    ours = kernels.expected(target, 2, gpu_layers())  # the probe's verdict, kept when specdec's servers loaded the target
     if label.startswith("specdec"):
         return f"{ours}: {kernels.DESCRIPTIONS[ours]} (target); the draft: llama.cpp's own"
     if label == "llama-server exact":
-        return f"{ours}: {kernels.DESCRIPTIONS[ours]}: {' '.join(target_kernels(ours == kernels.INVARIANT)[0])}"
+        return f"{ours}: {kernels.DESCRIPTIONS[ours]}: {' '.join(target_kernels(ours, gpu_layers())[0])}"
     return STOCK
 
 
@@ -239,9 +246,11 @@ def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exa
     # stock llama.cpp: the variables specdec's import set in this process are not llama-server's
     env = {k: v for k, v in os.environ.items() if k not in ("GGML_CPU_BATCH_INVARIANT", "GGML_CPU_TILED_MM")}
     if exact:  # the kernels specdec's target runs
-        flags, more = target_kernels(kernels.expected(target, 2) == kernels.INVARIANT)
+        flags, more = target_kernels(kernels.expected(target, 2, gpu_layers()), gpu_layers())
         cmd += flags
         env.update(more)
+    else:  # on the device specdec's models run on (every layer on the GPU where there is one)
+        cmd += ["-ngl", str(gpu_layers())] + (["-ngld", str(gpu_layers())] if draft is not None else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     try:

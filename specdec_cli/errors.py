@@ -82,6 +82,15 @@ class RpcError(SpecdecError):
     http_code = "rpc_server_unavailable"
 
 
+class DeviceError(SpecdecError):
+    """llama.cpp's libraries or the GPU cannot do what was asked: a library that does not load (a GPU build on a
+    machine without the NVIDIA driver), a model or a context that does not fit in the GPU's memory."""
+
+    http_status = 503
+    http_type = "server_error"
+    http_code = "device_unavailable"
+
+
 class InternalError(SpecdecError):
     """A bug met while generating (a 500 in the server), as opposed to the request's own fault."""
 

@@ -1,4 +1,5 @@
-"""`python -m specdec_cli.smoke`: decode one token from each packaged model, with the batch-invariant kernels.
+"""`python -m specdec_cli.smoke`: decode one token from each packaged model, with the batch-invariant kernels,
+and on the GPU where the build has one (its kernels probed: exact mode then decodes alone, engine/kernels.py).
 
 Run in a child process by the set-up script, so that a llama.cpp build that
 crashes (a segfault or an illegal instruction), or a library that is not the patched one
@@ -27,6 +28,14 @@ for name in ("smollm2-135m-instruct", "gemma3-270m"):
     assert m.kernels == want, f"{name}: {m.kernels} kernels, not {want}: {m.warnings}"
     m.close()
     print(name, m.kernels, "ok")
+from specdec_cli.engine import native
+for gpu in native.gpu_devices()[:1]:  # a build for a GPU that finds one: decode there too, every layer on it
+    for name in ("smollm2-135m-instruct", "gemma3-270m"):
+        m = Model(packaged.packaged_path(name), n_ctx=2048, n_threads=2, n_gpu_layers=kernels.ALL_LAYERS)
+        rows = m.decode(m.tokenize("Hello", add_special=True, parse_special=True))
+        assert np.isfinite(rows).all(), name
+        m.close()
+        print(name, "on", gpu.description, m.kernels, "ok")
 """
 
 

@@ -66,7 +66,7 @@ def test_every_error_has_one_exit_code_and_one_http_answer() -> None:
         api = _api_error(cls("why"))
         assert (api.status, api.type, api.code, api.param) == (cls.http_status, cls.http_type, cls.http_code,
                                                                  cls.http_param)  # fmt: skip
-        assert api.status == {errors.InternalError: 500, errors.RpcError: 503}.get(cls, 400), cls
+        assert api.status == {errors.InternalError: 500, errors.RpcError: 503, errors.DeviceError: 503}.get(cls, 400), cls
     assert _api_error(errors.ContextError("long")).code == "context_length_exceeded"
     assert _api_error(errors.UsageError("bad")).code == "invalid_value"
     assert errors.UsageError.exit_code == 2 and errors.ModelFileError.exit_code == 1

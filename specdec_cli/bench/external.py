@@ -1,8 +1,7 @@
 """llama.cpp's own C++ loop on the same pair, prompts and K: `llama-speculative-simple` and `llama-lookup`.
 
 Built from the same sdist with the same flags by scripts/build-llama-cpp-tools.sh,
-and run with the kernels specdec's target uses (no tiled matmul; with the invariant kernels, repacked weights
-row by row and flash attention in fixed chunks, else neither), after specdec's runs. Their speed is their own
+and run with the kernels and GPU layers specdec's models use (`target_kernels`), after specdec's runs. Their speed is their own
 "decoded N tokens in S seconds" line.
 """
 
@@ -19,7 +18,7 @@ from pathlib import Path
 from specdec_cli.api import Speculator
 from specdec_cli.bench.core import TARGET_ONLY, BenchConfig, BenchInputError, RunRecord, Summary, category_groups
 from specdec_cli.bench.prompts import BenchPrompt
-from specdec_cli.engine.kernels import INVARIANT
+from specdec_cli.engine.kernels import INEXACT, INVARIANT, REFERENCE
 from specdec_cli.engine.settings import MODEL, NGRAM
 from specdec_cli.errors import SpecdecError
 
@@ -47,14 +46,22 @@ class ExternalRun:
     accepted: int
 
 
-def target_kernels(invariant: bool) -> tuple[list[str], dict[str, str]]:
-    """A llama.cpp tool's flags and environment for the kernels specdec's target computes with (engine/kernels.py):
-    no tiled matmul; repacked weights and flash attention where the batch-invariant kernels compute them
-    (`invariant`: row by row, in fixed chunks), else neither; llamafile's sgemm on the same sums for one token
-    as for a batch either way (the tools are built with specdec's patches, which the variable turns on). The
-    serve benchmark's `llama-server exact` runs these too."""
+def target_kernels(kernel_set: str, gpu_layers: int = 0) -> tuple[list[str], dict[str, str]]:
+    """A llama.cpp tool's flags and environment for the kernels and device specdec's target computes with
+    (engine/kernels.py): its layers on the GPU (`-ngl`, 0 included: a tool's default may differ); on the CPU no
+    tiled matmul, and repacked weights and flash attention where the batch-invariant kernels compute them (row
+    by row, in fixed chunks), else neither; llamafile's sgemm on the same sums for one token as for a batch
+    either way (the tools are built with specdec's patches, which the variable turns on). On a GPU, and with
+    `--kernels fast`, llama.cpp's own choice (`-fa auto`), as specdec's target. The serve benchmark's
+    `llama-server exact` runs these too."""
     env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1"}
-    return (["-fa", "on"] if invariant else ["-fa", "off", "--no-repack"]), env
+    if kernel_set == INVARIANT:
+        flags = ["-fa", "on"]
+    elif kernel_set == REFERENCE or (kernel_set == INEXACT and not gpu_layers):  # a CPU's reference kernels
+        flags = ["-fa", "off", "--no-repack"]
+    else:
+        flags = ["-fa", "auto"]
+    return [*flags, "-ngl", str(gpu_layers)], env
 
 
 def llama_cpp_command(
@@ -67,16 +74,17 @@ def llama_cpp_command(
     max_tokens: int,
     threads: int,
     ctx: int,
-    invariant: bool = False,
+    kernel_set: str = REFERENCE,
+    gpu_layers: tuple[int, int] = (0, 0),
 ) -> list[str]:
-    """The same pair, prompt text, K and greedy settings, and the target's kernels (`target_kernels`; the
-    environment comes from it too, in `run_llama_cpp`)."""
+    """The same pair, prompt text, K and greedy settings, and the target's kernels and both models' GPU layers
+    (`target_kernels`; the environment comes from it too, in `run_llama_cpp`)."""
     tool = bin_dir / LLAMA_TOOLS[cfg.drafter or ""]
     cmd = [str(tool), "-m", str(target), "-p", text, "-n", str(max_tokens), "--temp", "0", "-t", str(threads)]
-    cmd += ["-c", str(ctx), "--spec-draft-n-max", str(cfg.k), *target_kernels(invariant)[0]]
+    cmd += ["-c", str(ctx), "--spec-draft-n-max", str(cfg.k), *target_kernels(kernel_set, gpu_layers[0])[0]]
     if cfg.drafter == MODEL:
         assert draft is not None
-        cmd += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads)]
+        cmd += ["-md", str(draft), "--spec-type", "draft-simple", "-td", str(threads), "-ngld", str(gpu_layers[1])]
         cmd += ["--spec-draft-p-min", "0.75" if cfg.adaptive else "0"]  # llama.cpp's own adaptivity is p-min
     return cmd
 
@@ -108,8 +116,8 @@ def run_llama_cpp(
     target, draft = spec.choice.target, spec.choice.draft
     info = spec.target.info()
     sp = spec.target.special_texts()
-    invariant = spec.target.kernels == INVARIANT
-    env = {**os.environ, **target_kernels(invariant)[1]}
+    layers = spec.gpu_layers
+    env = {**os.environ, **target_kernels(spec.target.kernels, layers[0])[1]}
     for rep in range(repeats):
         for p in prompts:
             text = p.text
@@ -123,7 +131,7 @@ def run_llama_cpp(
             for c in wanted:
                 cmd = llama_cpp_command(
                     bin_dir, c, target, draft, text, max_tokens=max_tokens, threads=threads, ctx=spec.n_ctx,
-                    invariant=invariant,
+                    kernel_set=spec.target.kernels, gpu_layers=layers,
                 )
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
                 if proc.returncode != 0:

@@ -82,7 +82,7 @@ def train(
         check_load(n_ctx=n_ctx, n_threads=runtime.threads, parallel=parallel)
         plan = heads_training.Plan(prompts, max_tokens, n_heads, vocab, epochs, parallel)
         spec = api.load(choice.target, drafter=None, n_ctx=n_ctx, n_threads=runtime.threads, parallel=parallel,
-                        pool_mb=0, verbose=runtime.verbose)  # fmt: skip
+                        pool_mb=0, verbose=runtime.verbose, n_gpu_layers=runtime.gpu_layers)  # fmt: skip
         try:
             texts, chat = [], []
             per_subject = len(heads_training.TEMPLATES)  # a subject's texts are held out together

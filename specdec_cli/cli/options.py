@@ -26,6 +26,7 @@ import typer
 
 from specdec_cli.engine.settings import (
     DEFAULT_CTX,
+    DEFAULT_KERNELS,
     DEFAULT_NGRAM,
     DEFAULT_POOL_MB,
     NGRAM,
@@ -33,6 +34,7 @@ from specdec_cli.engine.settings import (
     PARAMS,
     DrafterKind,
     GenerateOptions,
+    KernelChoice,
 )
 
 if TYPE_CHECKING:
@@ -153,10 +155,21 @@ class RuntimeOptions:
     threads: Annotated[
         int | None, typer.Option(help="CPU threads (default: all cores).", rich_help_panel="Runtime")
     ] = None
-    gpu_layers: Annotated[int, typer.Option(help="Target layers to offload to a GPU.", rich_help_panel="Runtime")] = 0
+    gpu_layers: Annotated[
+        int | None,
+        typer.Option(help="Target layers on the GPU (default: all where llama.cpp was built for a GPU and finds one; "
+                     "else 0).", rich_help_panel="Runtime"),
+    ] = None
     draft_gpu_layers: Annotated[
-        int, typer.Option(help="Draft layers to offload to a GPU.", rich_help_panel="Runtime")
-    ] = 0
+        int | None, typer.Option(help="Draft layers on the GPU (default: as --gpu-layers).", rich_help_panel="Runtime")
+    ] = None
+    kernels: Annotated[
+        str,
+        typer.Option(help=f"{' or '.join(KernelChoice)}: {KernelChoice.EXACT} checks that the target computes a "
+                     "batch as single tokens (else it decodes alone, as on a GPU today); "
+                     f"{KernelChoice.FAST} drafts with llama.cpp's own kernels, whose output may differ from the "
+                     "target alone in rare tokens.", rich_help_panel="Runtime"),
+    ] = DEFAULT_KERNELS
     verbose: Annotated[
         bool, typer.Option("--verbose", help="Show llama.cpp's own log.", rich_help_panel="Runtime")
     ] = False
@@ -177,6 +190,11 @@ class RuntimeOptions:
                      "(3,1: three quarters on the first); default: by each server's free memory.",
                      rich_help_panel="Distributed"),
     ] = None
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """The API's arguments for where the models run and with which kernels (RPC ones too)."""
+        return {"n_gpu_layers": self.gpu_layers, "draft_gpu_layers": self.draft_gpu_layers,
+                "kernels": self.kernels, **self.rpc_kwargs()}  # fmt: skip
 
     def rpc_kwargs(self) -> dict[str, Any]:
         """The API's RPC arguments for these options (nothing when --rpc and --draft-rpc are not given)."""
@@ -213,14 +231,12 @@ def load(
         drafter=drafter,
         n_ctx=runtime.ctx_size,
         n_threads=runtime.threads,
-        n_gpu_layers=runtime.gpu_layers,
-        draft_gpu_layers=runtime.draft_gpu_layers,
         ngram=ngram.sizes,
         pool_mb=ngram.pool_mb,
         ngram_cache=ngram.ngram_cache,
         verbose=runtime.verbose,
         parallel=parallel,
-        **runtime.rpc_kwargs(),
+        **runtime.load_kwargs(),
     )
     for message in spec.warnings:
         warning(message)

@@ -68,11 +68,9 @@ def pair_check(
                 choice.draft,
                 n_ctx=min(runtime.ctx_size, 2048),
                 n_threads=runtime.threads,
-                n_gpu_layers=runtime.gpu_layers,
-                draft_gpu_layers=runtime.draft_gpu_layers,
                 verbose=runtime.verbose,
                 heads=heads,
-                **runtime.rpc_kwargs(),
+                **runtime.load_kwargs(),
             ) as spec:
                 probe_result = probe_mod.run_probe(spec)
                 if heads is not None:

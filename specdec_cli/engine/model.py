@@ -26,6 +26,7 @@ from specdec_cli.engine.native import (
     install_log_callback,
     last_log_error,
     load_failure,
+    out_of_memory,
     usable_cores,
 )
 from specdec_cli.engine.rpc import Placement
@@ -76,22 +77,17 @@ class Model(VocabMethods):
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
         self.exact = exact  # False: a draft, which only proposes, keeps llama.cpp's faster kernels
-        # The kernels (engine/kernels.py): invariant ones are probed once loaded, else reloaded as reference,
-        # which are probed too on this CPU (`why`: not on a GPU or RPC servers), else the target decodes alone.
+        # The kernels (engine/kernels.py): chosen, loaded, probed; `settle` reopens with the reference ones
         self.kernels, why = kernels.choose(exact, self.placement is None, n_gpu_layers, vocab_only)
         mparams.use_extra_bufts = self.kernels != kernels.REFERENCE
         self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
-        # A failed probe with Q4_0's GEMM on (patch 0002) is probed again row by row before giving up the
-        # invariant kernels: the switch is process-wide, and off is the safe side for every model.
-        if self.kernels == kernels.INVARIANT and not kernels.probe(self) and not (
-            kernels.q4_0_gemm_off() and kernels.probe(self)
-        ):
+
+        def reopen() -> None:
             self.close()
-            self.kernels, why, self.warnings = kernels.REFERENCE, kernels.probe_failed(self.path), []
-            mparams.use_extra_bufts = False
+            self.warnings, mparams.use_extra_bufts = [], self.kernels != kernels.REFERENCE
             self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
-        if self.kernels == kernels.REFERENCE and why and not kernels.probe(self):
-            self.kernels, why = kernels.INEXACT, kernels.inexact(self.path)
+
+        self.kernels, why = kernels.settle(self, why, reopen)
         self.warnings += [why] if why else []
 
     placement: Placement | None = None  # local; engine/rpc_model.py's PlacedModel puts layers on RPC servers
@@ -103,7 +99,8 @@ class Model(VocabMethods):
         clear_log()
         model = self._C.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
-            raise ModelFileError(load_failure(self.path))
+            raise out_of_memory(f"{self.path.name} with {mparams.n_gpu_layers} layers on the GPU",
+                                "put fewer there (--gpu-layers)") or ModelFileError(load_failure(self.path))
         self._model = model
         try:
             init_context()
@@ -146,8 +143,13 @@ class Model(VocabMethods):
         # and the output would drift from the target alone. The full-size SWA cache keeps rollback exact.
         if C.llama_model_n_swa(model) > 0:
             cparams.swa_full = True
+        # A CPU's exact kernels keep every batch there: a GPU build sends a batch of 32+ tokens' products to the
+        # GPU even with no layers on it (op offload), in another order than the one token left on the CPU.
+        cparams.op_offload = self.kernels not in (kernels.INVARIANT, kernels.REFERENCE)
         ctx = C.llama_init_from_model(model, cparams)
         if not ctx:
+            if oom := out_of_memory(f"a context of {n_ctx} tokens for {self.path.name}", "try a smaller --ctx-size"):
+                raise oom
             reason = last_log_error()
             raise ModelFileError(
                 f"llama.cpp could not create a context of {n_ctx} tokens for "

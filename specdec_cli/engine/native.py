@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_cli.engine.gguf import check_gguf_file
-from specdec_cli.errors import ModelFileError, UsageError
+from specdec_cli.errors import DeviceError, ModelFileError, UsageError
 
 
 def usable_cores() -> int:
@@ -58,6 +59,54 @@ def q4_0_gemm_switch() -> ctypes.c_bool | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """A GPU llama.cpp can put layers on (a CUDA, Vulkan or Metal backend's device)."""
+
+    name: str  # llama.cpp's: CUDA0
+    description: str  # the driver's: NVIDIA H100 80GB HBM3
+    free_mib: float
+    total_mib: float
+
+
+# ggml_backend_dev_type: CPU, GPU, IGPU (integrated), ACCEL, META (ggml-backend.h)
+_GPU_TYPES = (1, 2)
+
+
+@functools.cache
+def gpu_devices() -> tuple[Device, ...]:
+    """The GPUs this llama.cpp build found at start: none on a CPU build, and none on a GPU build on a machine
+    without one (or with CUDA_VISIBLE_DEVICES empty). RPC servers' devices are typed GPU too, and are not
+    counted: `--rpc` places layers on them (engine/rpc.py). One answer per process, read before any model."""
+    system_info()  # the backends registered
+    try:
+        lib = ctypes.CDLL("libggml.so.0", mode=os.RTLD_NOLOAD)  # the registry (and, through it, ggml-base)
+    except OSError:
+        return ()
+    ptr, text = ctypes.c_void_p, ctypes.c_char_p
+    fns = {"ggml_backend_dev_count": ([], ctypes.c_size_t), "ggml_backend_dev_get": ([ctypes.c_size_t], ptr),
+           "ggml_backend_dev_type": ([ptr], ctypes.c_int), "ggml_backend_dev_name": ([ptr], text),
+           "ggml_backend_dev_description": ([ptr], text), "ggml_backend_dev_backend_reg": ([ptr], ptr),
+           "ggml_backend_reg_name": ([ptr], text),
+           "ggml_backend_dev_memory": ([ptr, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)], None)}  # fmt: skip
+    for name, (args, res) in fns.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    found = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if lib.ggml_backend_dev_type(dev) not in _GPU_TYPES or lib.ggml_backend_reg_name(
+            lib.ggml_backend_dev_backend_reg(dev)
+        ) == b"RPC":
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        found.append(Device(lib.ggml_backend_dev_name(dev).decode(errors="replace"),
+                            lib.ggml_backend_dev_description(dev).decode(errors="replace"),
+                            free.value / 2**20, total.value / 2**20))  # fmt: skip
+    return tuple(found)
+
+
 def _ggml_cpu() -> ctypes.CDLL:
     """The ggml CPU library llama.cpp loaded, opened by its soname (the wheel holds copies of the file under
     other names, which would load apart)."""
@@ -95,9 +144,16 @@ _LOG_CALLBACK: Any = None  # keep a reference: ctypes must not collect it
 
 
 def bindings() -> Any:
-    """Import the ctypes bindings lazily so `--help` stays fast."""
-    import llama_cpp.llama_cpp as C  # noqa: N812
-
+    """Import the ctypes bindings lazily so `--help` stays fast. A library that does not load is one line
+    (DeviceError): a CUDA build copied to a machine without the NVIDIA driver fails here, say."""
+    try:
+        import llama_cpp.llama_cpp as C  # noqa: N812
+    except ImportError:
+        raise
+    except (OSError, RuntimeError) as exc:  # llama_cpp's own loader raises RuntimeError("Failed to load ...")
+        raise DeviceError(f"llama.cpp's libraries could not be loaded ({str(exc).strip()}): a build for a GPU "
+                          "needs its driver here; `SPECDEC_GPU=cpu bash scripts/setup.sh` builds for the CPU "
+                          "only") from None  # fmt: skip
     return C
 
 
@@ -107,7 +163,7 @@ def system_info() -> str | None:
     try:
         install_log_callback()  # llama_backend_init: the CPU backend registered
         text: bytes = bindings().llama_print_system_info()
-    except (ImportError, OSError, AttributeError):
+    except (ImportError, OSError, AttributeError, DeviceError):
         return None
     return text.decode("utf-8", "replace").strip()
 
@@ -203,6 +259,15 @@ def last_log_error() -> str:
     return ""
 
 
+def out_of_memory(what: str, fix: str) -> DeviceError | None:
+    """The error for `what` when llama.cpp's log since the last `clear_log` has a failed allocation (a GPU out of
+    memory: CUDA's "out of memory", ggml's "failed to allocate ... buffer"), else None."""
+    for line in _LOG_LINES:
+        if "out of memory" in line.lower() or ("alloc" in line and "failed" in line and "buffer" in line):
+            return DeviceError(f"{what} does not fit in memory ({line.strip()}): {fix}, or free the GPU")
+    return None
+
+
 def load_failure(path: Path) -> str:
     """What to tell the user when llama.cpp refuses a file."""
     reason = last_log_error()
@@ -210,6 +275,10 @@ def load_failure(path: Path) -> str:
     if any(line.startswith("gguf_") and "failed to read header" in line for line in _LOG_LINES):
         return f"{path} ({size:,} bytes) has an invalid GGUF header: {reason or 'llama.cpp could not read it'}"
     hint = f": {reason}" if reason else ""
+    if "bad_cast" in reason:  # a locale facet at another index: another libstdc++ (specdec_cli/cxx_runtime.py)
+        return (f"llama.cpp could not load {path}{hint}: a library loaded before specdec brought its own C++ "
+                "runtime and took the locale llama.cpp's tokenizer reads; import specdec (or run `specdec`) before "
+                "it (docs/install.md#troubleshooting)")  # fmt: skip
     return (
         f"llama.cpp could not load {path} ({size:,} bytes){hint}. The file may be truncated "
         "(re-download it) or use an architecture this llama.cpp build does not know"

@@ -10,7 +10,7 @@ from specdec_cli.engine import rpc, rpc_faults
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.native import last_log_error, log_lines
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.errors import ModelFileError, RpcError
+from specdec_cli.errors import DeviceError, ModelFileError, RpcError
 
 
 class PlacedModel(Model):
@@ -40,7 +40,7 @@ class PlacedModel(Model):
             self.abandon()
             rpc_faults.forget(place.endpoints)
             raise
-        except ModelFileError:  # llama.cpp refused the load: on servers, most often their memory
+        except (ModelFileError, DeviceError):  # llama.cpp refused the load: on servers, most often their memory
             self._uncount()
             raise RpcError(rpc.load_failure(self.path, place, last_log_error())) from None
         except BaseException:
@@ -53,7 +53,8 @@ class PlacedModel(Model):
 
     def _ready(self) -> None:
         assert self.placement is not None
-        rpc.check_exact(self, self.placement)
+        if self.exact:  # `--kernels fast` asks for no check
+            rpc.check_exact(self, self.placement)
 
     def _uncount(self) -> None:
         if self._counted and self.placement is not None:

@@ -44,6 +44,27 @@ NONE = DrafterKind.NONE
 DRAFTERS = (AUTO, MODEL, NGRAM, HEADS)
 DEFAULT_DRAFTER = AUTO
 
+class KernelChoice(enum.StrEnum):
+    """Which kernels the target computes with, named once for the CLI (`--kernels`), the API and the server.
+    EXACT: kernels probed to compute a batch of tokens as one token at a time, so drafting cannot change the
+    output; where none pass (a GPU today), the target decodes alone (engine/kernels.py). FAST: llama.cpp's
+    own kernels, with drafts, not probed: llama.cpp's speed, and output that may differ from the target alone
+    where two tokens' logits are within rounding of each other."""
+
+    EXACT = "exact"
+    FAST = "fast"
+
+
+DEFAULT_KERNELS = KernelChoice.EXACT
+
+
+def check_kernels(choice: str) -> KernelChoice:
+    try:
+        return KernelChoice(choice)
+    except ValueError:
+        raise InvalidSetting("kernels", repr(choice), f"one of {', '.join(KernelChoice)}") from None
+
+
 MAX_DRAFT = 64  # a verification batch of K+1 rows; past this no drafter pays for itself
 # Defaults chosen with `specdec bench` and benchmarks/repeats.py (docs/benchmarks.md).
 # For AUTO and NGRAM the most a lookup drafts: each step's length is priced (estimates.py) from the
@@ -120,7 +141,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 
 # Parameters of loading (not of one generation), checked by `check_load`; their flags, for the CLI.
 LOAD_FLAGS = {"n_ctx": "--ctx-size", "n_threads": "--threads", "parallel": "--parallel",
-              "ngram": "--ngram-min/--ngram-max", "drafter": "--drafter", "pool_mb": "--pool-mb"}  # fmt: skip
+              "ngram": "--ngram-min/--ngram-max", "drafter": "--drafter", "pool_mb": "--pool-mb",
+              "kernels": "--kernels", "n_gpu_layers": "--gpu-layers", "draft_gpu_layers": "--draft-gpu-layers"}  # fmt: skip
 
 
 def flag(param: str) -> str:

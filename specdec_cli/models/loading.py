@@ -156,11 +156,12 @@ class Loader:
     opener: ModelOpener | None = None
     placement: Placement | None = None  # the target's RPC servers (engine/rpc.py)
     draft_placement: Placement | None = None
+    exact: bool = True  # the target's kernels probed (engine/kernels.py); False: `--kernels fast`
 
     def target(self) -> LoadedModel:
         open_model = self.opener or OPENER
-        return open_model(self.choice.target, n_ctx=self.n_ctx, n_threads=self.n_threads,
-                          n_gpu_layers=self.gpu_layers, n_seq=self.n_seq, placement=self.placement)  # fmt: skip
+        return open_model(self.choice.target, n_ctx=self.n_ctx, n_threads=self.n_threads, n_gpu_layers=self.gpu_layers,
+                          n_seq=self.n_seq, placement=self.placement, exact=self.exact)  # fmt: skip
 
     def draft(self, cross: bool) -> LoadedModel:
         assert self.choice.draft is not None

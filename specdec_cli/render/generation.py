@@ -118,6 +118,13 @@ def summary_text(g: Generation) -> str:
     return ", ".join(parts) + (f"\nacceptance by draft position: {pos}" if pos else "")
 
 
+def exactness(g: Generation) -> str | None:
+    """The line a run whose text may not be the target's alone ends with (`--kernels fast`); None otherwise."""
+    if g.models.get("exact", True):
+        return None
+    return "kernels fast: not checked for exactness: this text may differ from the target alone in rare tokens"
+
+
 class Renderer:
     """Receives engine events; prints nothing to stdout but the text (or one JSON object)."""
 
@@ -174,6 +181,8 @@ class PlainRenderer(Renderer):
             self.err.write(chosen.plain + "\n")
         for note in self.notes:
             self.err.write(f"auto: {note}\n")
+        if (line := exactness(g)) is not None:
+            self.err.write(line + "\n")
         self.err.flush()
 
 
@@ -285,6 +294,8 @@ class LiveRenderer(Renderer):
         if chosen is not None:
             self.err.print(chosen)
         self.err.print(f"stop: {STOP_REASONS.get(g.stop_reason, g.stop_reason)}", highlight=False)
+        if (line := exactness(g)) is not None:
+            self.err.print(line, style="yellow", highlight=False, markup=False)
 
 
 def make_renderer(

@@ -103,6 +103,8 @@ def describe(final: Done) -> dict[str, Any]:
         "steps": s.steps,
         "accepted_by_position": [round(x, 6) for x in s.accepted_by_position],
         "drafters": s.drafters,
+        # False with --kernels fast: the text may differ from the target alone in rare tokens
+        "exact": final.generation.models.get("exact", True),
     }
 
 

@@ -1,0 +1,251 @@
+"""The GPU's side, on machines without one (CI never has a GPU): the set-up's choice of build, GPU layers by
+default and refused where there is no GPU, the batch-vs-single probe a GPU target gets and what exact mode
+does when it fails, `--kernels fast`, llama.cpp's tools on the same device, and one-line errors for a library
+that does not load or a GPU out of memory. scripts/gpu-check.sh shows the same on a real GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from specdec_cli.bench import external
+from specdec_cli.bench.core import BenchConfig
+from specdec_cli.cli import app
+from specdec_cli.engine import kernels, native
+from specdec_cli.engine.settings import InvalidSetting, check_kernels
+from specdec_cli.errors import DeviceError
+
+ROOT = Path(__file__).resolve().parent.parent
+PRETEND = native.Device("CUDA0", "Pretend GPU", 1000.0, 2000.0)
+
+
+# --------------------------------------------------------------- the set-up
+def cmake_args(tmp_path: Path, env: dict[str, str], tools: Sequence[str] = ()) -> tuple[int, str, str, str]:
+    """Source scripts/cmake-args.sh with only `tools` (fake nvidia-smi / nvcc) and the shell's basics on PATH:
+    (gpu_choice's status, $GPU, $ARGS, what it said)."""
+    bin_dir = Path(tempfile.mkdtemp(dir=tmp_path))
+    scripts = {"nvidia-smi": "#!/bin/sh\necho 9.0\necho 9.0\n", "nvcc": "#!/bin/sh\necho nvcc\n"}
+    for tool in tools:
+        (bin_dir / tool).write_text(scripts[tool])
+        (bin_dir / tool).chmod(0o755)
+    for basic in ("grep", "tr", "sort", "paste", "cut", "uname", "cat"):
+        target = Path("/usr/bin", basic) if Path("/usr/bin", basic).exists() else Path("/bin", basic)
+        (bin_dir / basic).symlink_to(target)
+    script = 'say() { echo "said: $*"; }; source scripts/cmake-args.sh; gpu_choice; rc=$?; echo "$rc|$GPU|$ARGS"'
+    full = {"PATH": str(bin_dir), "CUDA_HOME": str(tmp_path / "no-cuda"), **env}
+    proc = subprocess.run(["/bin/bash", "-c", script], cwd=ROOT, env=full, capture_output=True, text=True, timeout=30)
+    *said, last = proc.stdout.strip().split("\n")
+    rc, gpu, args = last.split("|")
+    return int(rc), gpu, args, "\n".join(said)
+
+
+def test_setup_builds_for_an_nvidia_gpu_on_top_of_the_cpu_flags(tmp_path: Path) -> None:
+    """A GPU (the driver reports its compute capability) and a toolkit: CUDA for that GPU, RPC and the CPU's
+    flags kept; SPECDEC_GPU=cpu builds for the CPU; SPECDEC_CMAKE_ARGS adds, never replaces."""
+    rc, gpu, args, said = cmake_args(tmp_path, {}, ["nvidia-smi", "nvcc"])
+    assert (rc, gpu) == (0, "cuda") and "building for an NVIDIA GPU (CUDA) as well as the CPU" in said
+    assert "-DGGML_CUDA=ON" in args and args.endswith("-DCMAKE_CUDA_ARCHITECTURES=90")  # two GPUs of one model
+    assert "-DGGML_RPC=ON" in args and "-DGGML_NATIVE=OFF" in args and "-DGGML_AMX_INT8=OFF" in args
+    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "cpu", "SPECDEC_CMAKE_ARGS": "-DX=1"}, ["nvcc"])
+    assert (rc, gpu, said) == (0, "cpu", "") and "CUDA" not in args and args.startswith("-DGGML_RPC=ON")
+    assert args.endswith(" -DX=1")
+
+
+@pytest.mark.skipif(Path("/usr/local/cuda/bin/nvcc").exists(), reason="a CUDA toolkit is installed where the "
+                    "set-up looks for one")  # fmt: skip
+def test_setup_without_a_cuda_toolkit_builds_for_the_cpu_and_says_what_to_install(tmp_path: Path) -> None:
+    rc, gpu, args, said = cmake_args(tmp_path, {}, ["nvidia-smi"])
+    assert (rc, gpu) == (0, "cpu") and "CUDA" not in args
+    assert "no CUDA toolkit (nvcc): building for the CPU only. Install NVIDIA's CUDA toolkit" in said
+    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "cuda"}, [])
+    assert (rc, gpu) == (1, "missing-toolkit") and "no CUDA compiler (nvcc) was found" in said
+
+
+def test_setup_refuses_an_unknown_gpu_choice_and_builds_for_the_cpu_without_a_gpu(tmp_path: Path) -> None:
+    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "rocm"}, ["nvcc"])
+    assert (rc, gpu) == (1, "invalid") and "SPECDEC_GPU must be cuda, cpu or unset (auto), got 'rocm'" in said
+    rc, gpu, args, said = cmake_args(tmp_path, {}, ["nvcc"])  # a toolkit and no GPU: a CI machine
+    assert (rc, gpu, said) == (0, "cpu", "") and "CUDA" not in args
+
+
+# --------------------------------------------------------------- GPU layers
+def test_gpu_layers_default_to_all_where_there_is_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "gpu_devices", lambda: (PRETEND,))
+    assert kernels.gpu_layers(None, "n_gpu_layers") == kernels.ALL_LAYERS
+    assert kernels.gpu_layers(7, "n_gpu_layers") == 7
+    assert kernels.gpu_layers(0, "n_gpu_layers") == 0
+    assert kernels.choose(True, n_gpu_layers=7) == (kernels.GPU, None)
+    assert kernels.choose(False, n_gpu_layers=7) == (kernels.FAST, None)
+    monkeypatch.setattr(native, "gpu_devices", lambda: ())
+    assert kernels.gpu_layers(None, "n_gpu_layers") == 0
+    assert kernels.gpu_layers(None, "n_gpu_layers", on_rpc=True) == 0  # RPC servers: every layer (engine/rpc.py)
+    assert kernels.gpu_layers(5, "n_gpu_layers", on_rpc=True) == 5
+    assert kernels.choose(True, n_gpu_layers=7)[0] != kernels.GPU  # the CPU's kernels, not a silent change
+    with pytest.raises(InvalidSetting, match="must be 0 where llama.cpp has no GPU, got 5"):
+        kernels.gpu_layers(5, "n_gpu_layers")
+    with pytest.raises(InvalidSetting, match=">= 0"):
+        kernels.gpu_layers(-1, "n_gpu_layers")
+
+
+def test_this_build_reports_no_gpu() -> None:
+    """The suite runs on CPU builds (CI): no device, so no layer goes anywhere by default."""
+    assert native.gpu_devices() == ()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--gpu-layers", "5"], "--gpu-layers must be 0 where llama.cpp has no GPU, got 5"),
+    (["--draft-gpu-layers", "3"], "--draft-gpu-layers must be 0 where llama.cpp has no GPU, got 3"),
+    (["--kernels", "turbo"], "--kernels must be one of exact, fast, got 'turbo'"),
+])  # fmt: skip
+def test_gpu_options_on_a_cpu_build_are_one_line(args: list[str], needle: str) -> None:
+    res = CliRunner().invoke(app, ["run", "hi", *args])
+    assert res.exit_code == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {needle}"), lines
+    with pytest.raises(InvalidSetting):
+        check_kernels("turbo")
+
+
+# ------------------------------------------------------------------ the probe
+class Rows:
+    """A model whose logits are a function of (position, token), plus `skew` in a batch of `from_width` tokens
+    or more (a kernel that changes with the batch's width, as a GPU's do)."""
+
+    n_batch, n_ctx = 64, 512
+
+    def __init__(self, skew: float = 0.0, from_width: int = 9) -> None:
+        self.skew, self.from_width, self.tokens = skew, from_width, []  # type: list[int]
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        return [1] if not text else [2 + ord(c) % 50 for c in text]
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def prefill(self, ids: list[int]) -> None:
+        self.tokens = list(ids)
+
+    def rollback(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def decode(self, ids: list[int], n_logits: int = 1) -> np.ndarray:
+        start = len(self.tokens)
+        self.tokens += ids
+        rows = np.array([[np.sin(start + i + t * 0.1 + v) for v in range(8)] for i, t in enumerate(ids)], np.float32)
+        if len(ids) >= self.from_width:
+            rows += np.float32(self.skew)
+        return rows[-n_logits:]
+
+
+def test_the_gpu_probe_compares_every_width_after_each_prefix() -> None:
+    assert kernels.batch_equals_single_after(Rows(), (64, 1024), tuple(range(1, 66))) is True
+    assert kernels.batch_equals_single_after(Rows(1e-6, from_width=9), (64,), (1, 2, 8)) is True  # not reached
+    assert kernels.batch_equals_single_after(Rows(1e-6, from_width=9), (64,), (1, 2, 8, 9)) is False
+    assert kernels.batch_equals_single_after(Rows(np.nan, from_width=3), (0,), (1, 4)) is None
+    assert kernels.GPU_PROBE_WIDTHS[:65] == tuple(range(1, 66)) and max(kernels.GPU_PROBE_WIDTHS) == 256
+
+
+PRETEND_GPU = """
+import json, sys
+from specdec_cli.engine import kernels, native
+native.gpu_devices = lambda: (native.Device("CUDA0", "Pretend GPU", 1000.0, 2000.0),)
+kernels.GPU_PROBE_PREFIXES, kernels.GPU_PROBE_WIDTHS = (40,), (1, 2, 3, 5, 9)  # a CPU's minute, not a GPU's second
+if sys.argv[2] == "fails":  # the kernels of a GPU that computes a batch differently (stock llama.cpp's CUDA)
+    kernels.batch_equals_single_after = lambda *a: False
+from specdec_cli import api
+out = {}
+for kernel_choice in ("exact", "fast"):
+    with api.load(sys.argv[1], sys.argv[3], drafter="model", n_ctx=512, n_threads=2, kernels=kernel_choice) as spec:
+        g = spec.generate("Name three colours.", max_tokens=24)
+        out[kernel_choice] = {"kernels": spec.target.kernels, "warnings": spec.warnings, "notes": spec.notes,
+                              "drafted": g.stats.drafted, "layers": spec.gpu_layers, "ids": g.token_ids,
+                              "exact": g.models["exact"]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("verdict", ["fails", "passes"])
+def test_a_gpu_target_is_probed_and_decodes_alone_where_the_probe_fails(verdict: str, smol_path: Path,
+                                                                        smol_q2k_path: Path, tmp_path: Path) -> None:  # fmt: skip
+    """With a GPU (pretended: this CPU build puts no layer anywhere), exact mode probes the target at load; a
+    failed probe leaves the target decoding alone with one line that names --kernels fast, a passed one drafts;
+    `--kernels fast` drafts either way and says its output may differ. The greedy texts agree here: the CPU
+    computes them all exactly."""
+    env = {**os.environ, "SPECDEC_CACHE_DIR": str(tmp_path), "SPECDEC_CALIBRATE": "0"}
+    proc = subprocess.run([sys.executable, "-c", PRETEND_GPU, str(smol_path), verdict, str(smol_q2k_path)], capture_output=True,
+                          text=True, timeout=300, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    exact, fast = out["exact"], out["fast"]
+    assert exact["layers"] == [kernels.ALL_LAYERS, kernels.ALL_LAYERS]
+    if verdict == "fails":
+        assert exact["kernels"] == kernels.INEXACT and exact["drafted"] == 0
+        assert len(exact["warnings"]) == 1 and "on this GPU llama.cpp computes a batch of tokens differently" in \
+            exact["warnings"][0] and "`--kernels fast` drafts" in exact["warnings"][0]
+    else:
+        assert exact["kernels"] == kernels.GPU and exact["warnings"] == [] and exact["drafted"] > 0
+    assert exact["exact"] is True and exact["notes"] == []
+    assert fast["kernels"] == kernels.FAST and fast["drafted"] > 0 and fast["exact"] is False
+    assert fast["notes"] == [kernels.FAST_NOTE] and fast["warnings"] == []
+    assert exact["ids"] == fast["ids"]
+    verdicts = json.loads((tmp_path / "kernels.json").read_text())
+    assert list(verdicts.values()) == [verdict == "passes"] and "Pretend GPU" in next(iter(verdicts))
+
+
+def test_kernels_fast_is_said_in_the_summary_the_json_and_the_server_block(smol_path: Path) -> None:
+    base = ["run", "Name a colour.", "--target", str(smol_path), "-n", "6", "--ctx-size", "512", "--threads", "2"]
+    res = CliRunner().invoke(app, [*base, "--kernels", "fast", "--json"], env={"SPECDEC_CALIBRATE": "0"})
+    assert res.exit_code == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["models"]["exact"] is False and d["models"]["kernels"]["target"] == kernels.FAST
+    assert f"Note: {kernels.FAST_NOTE}" in res.stderr
+    res = CliRunner().invoke(app, [*base, "--kernels", "fast"], env={"SPECDEC_CALIBRATE": "0", "NO_COLOR": "1"})
+    assert res.exit_code == 0 and "this text may differ from the target alone in rare tokens" in res.stderr
+    res = CliRunner().invoke(app, [*base, "--json"], env={"SPECDEC_CALIBRATE": "0"})
+    assert json.loads(res.stdout)["models"]["exact"] is True and "differ" not in res.stderr
+
+
+# ------------------------------------------------ llama.cpp's tools, errors
+def test_llama_cpp_tools_run_on_the_targets_device_and_kernels(tmp_path: Path) -> None:
+    cfg = BenchConfig("model:4", "model", 4)
+    gpu = " ".join(external.llama_cpp_command(tmp_path, cfg, Path("t.gguf"), Path("d.gguf"), "hi", max_tokens=8,
+                                              threads=2, ctx=512, kernel_set=kernels.INEXACT, gpu_layers=(999, 999)))  # fmt: skip
+    assert "-fa auto -ngl 999" in gpu and "-ngld 999" in gpu and "--no-repack" not in gpu
+    cpu = " ".join(external.llama_cpp_command(tmp_path, cfg, Path("t.gguf"), Path("d.gguf"), "hi", max_tokens=8,
+                                              threads=2, ctx=512, kernel_set=kernels.INEXACT))  # fmt: skip
+    assert "-fa off --no-repack -ngl 0" in cpu and "-ngld 0" in cpu
+    assert external.target_kernels(kernels.INVARIANT)[0] == ["-fa", "on", "-ngl", "0"]
+    assert external.target_kernels(kernels.FAST, 20)[0] == ["-fa", "auto", "-ngl", "20"]
+
+
+def test_a_gpu_out_of_memory_is_one_line_naming_the_fix() -> None:
+    native.clear_log()
+    assert native.out_of_memory("m.gguf", "put fewer there (--gpu-layers)") is None
+    native._LOG_LINES.append("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 4096.00 MiB on device 0: "
+                             "cudaMalloc failed: out of memory\n")  # fmt: skip
+    err = native.out_of_memory("m.gguf with 999 layers on the GPU", "put fewer there (--gpu-layers)")
+    native.clear_log()
+    assert isinstance(err, DeviceError) and "\n" not in str(err)
+    assert str(err).startswith("m.gguf with 999 layers on the GPU does not fit in memory (ggml_backend_cuda")
+    assert str(err).endswith("put fewer there (--gpu-layers), or free the GPU")
+
+
+def test_llama_cpp_libraries_that_do_not_load_are_one_line(tmp_path: Path) -> None:
+    """A build whose libraries cannot load here (a CUDA build without the NVIDIA driver fails the same way):
+    one line and exit 1, not a traceback."""
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "specdec_cli", "run", "hi", "-n", "2"], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: llama.cpp's libraries could not be loaded ("), lines
+    assert "SPECDEC_GPU=cpu bash scripts/setup.sh" in lines[0]
