@@ -44,20 +44,34 @@ find_nvcc() {
   done
   return 1
 }
+has_cublas() {  # llama.cpp's CUDA backend links cuBLAS: a compiler without it is no toolkit to build with
+  local root h
+  for root in "$(dirname "$(dirname "$(readlink -f "$1")")")" "${CUDA_HOME:-}" /usr/local/cuda; do
+    for h in "$root"/include/cublas_v2.h "$root"/targets/*/include/cublas_v2.h; do
+      [ -n "$root" ] && [ -e "$h" ] && return 0
+    done
+  done
+  return 1
+}
+MISSING=""
 case "${SPECDEC_GPU:-auto}" in
   cpu) ;;
   cuda|auto)
     ARCH=${SPECDEC_CUDA_ARCH:-$(gpu_arch || true)}
     NVCC=$(find_nvcc || true)
+    if [ -n "$NVCC" ] && ! has_cublas "$NVCC"; then
+      NVCC=""
+      MISSING="nvcc, but no cuBLAS header (cublas_v2.h) beside it, in \$CUDA_HOME or in /usr/local/cuda"
+    fi
     if [ -n "$NVCC" ] && { [ -n "$ARCH" ] || [ "${SPECDEC_GPU:-auto}" = cuda ]; }; then
       GPU=cuda
       # no GPU to read (SPECDEC_GPU=cuda on a build machine): llama.cpp's own list of architectures
       ARGS+=" -DGGML_CUDA=ON -DCMAKE_CUDA_COMPILER=$NVCC${ARCH:+ -DCMAKE_CUDA_ARCHITECTURES=$ARCH}"
     elif [ "${SPECDEC_GPU:-auto}" = cuda ]; then
       GPU=missing-toolkit
-      GPU_NOTE="SPECDEC_GPU=cuda, but no CUDA compiler (nvcc) was found on PATH, in \$CUDA_HOME/bin or in /usr/local/cuda/bin: install NVIDIA's CUDA toolkit (or set CUDA_HOME), or leave SPECDEC_GPU unset"
+      GPU_NOTE="SPECDEC_GPU=cuda, but no CUDA toolkit was found (${MISSING:-no compiler, nvcc, on PATH, in \$CUDA_HOME/bin or in /usr/local/cuda/bin}): install NVIDIA's CUDA toolkit (or set CUDA_HOME), or leave SPECDEC_GPU unset"
     elif [ -n "$ARCH" ]; then
-      GPU_NOTE="an NVIDIA GPU is here but no CUDA toolkit (nvcc): building for the CPU only. Install NVIDIA's CUDA toolkit (or set CUDA_HOME to it) and run scripts/setup.sh again to build for the GPU"
+      GPU_NOTE="an NVIDIA GPU is here but no CUDA toolkit (${MISSING:-nvcc}): building for the CPU only. Install NVIDIA's CUDA toolkit (or set CUDA_HOME to it) and run scripts/setup.sh again to build for the GPU"
     fi ;;
   *) GPU=invalid; GPU_NOTE="SPECDEC_GPU must be cuda, cpu or unset (auto), got '${SPECDEC_GPU}'" ;;
 esac

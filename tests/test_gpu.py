@@ -30,18 +30,25 @@ PRETEND = native.Device("CUDA0", "Pretend GPU", 1000.0, 2000.0)
 
 # --------------------------------------------------------------- the set-up
 def cmake_args(tmp_path: Path, env: dict[str, str], tools: Sequence[str] = ()) -> tuple[int, str, str, str]:
-    """Source scripts/cmake-args.sh with only `tools` (fake nvidia-smi / nvcc) and the shell's basics on PATH:
-    (gpu_choice's status, $GPU, $ARGS, what it said)."""
+    """Source scripts/cmake-args.sh with only `tools` and the shell's basics on PATH: a fake nvidia-smi (two
+    GPUs of compute capability 9.0), a fake toolkit (nvcc beside cuBLAS's header) or a lone nvcc: (gpu_choice's
+    status, $GPU, $ARGS, what it said)."""
     bin_dir = Path(tempfile.mkdtemp(dir=tmp_path))
+    toolkit = bin_dir / "cuda"
+    (toolkit / "bin").mkdir(parents=True)
     scripts = {"nvidia-smi": "#!/bin/sh\necho 9.0\necho 9.0\n", "nvcc": "#!/bin/sh\necho nvcc\n"}
     for tool in tools:
-        (bin_dir / tool).write_text(scripts[tool])
-        (bin_dir / tool).chmod(0o755)
-    for basic in ("grep", "tr", "sort", "paste", "cut", "uname", "cat"):
+        at = toolkit / "bin" / "nvcc" if tool == "toolkit" else bin_dir / tool
+        at.write_text(scripts.get(tool, scripts["nvcc"]))
+        at.chmod(0o755)
+        if tool == "toolkit":
+            (toolkit / "include").mkdir()
+            (toolkit / "include" / "cublas_v2.h").write_text("")
+    for basic in ("grep", "tr", "sort", "paste", "cut", "uname", "cat", "ls", "readlink", "dirname"):
         target = Path("/usr/bin", basic) if Path("/usr/bin", basic).exists() else Path("/bin", basic)
         (bin_dir / basic).symlink_to(target)
     script = 'say() { echo "said: $*"; }; source scripts/cmake-args.sh; gpu_choice; rc=$?; echo "$rc|$GPU|$ARGS"'
-    full = {"PATH": str(bin_dir), "CUDA_HOME": str(tmp_path / "no-cuda"), **env}
+    full = {"PATH": f"{bin_dir}:{toolkit / 'bin'}", "CUDA_HOME": str(tmp_path / "no-cuda"), **env}
     proc = subprocess.run(["/bin/bash", "-c", script], cwd=ROOT, env=full, capture_output=True, text=True, timeout=30)
     *said, last = proc.stdout.strip().split("\n")
     rc, gpu, args = last.split("|")
@@ -51,29 +58,34 @@ def cmake_args(tmp_path: Path, env: dict[str, str], tools: Sequence[str] = ()) -
 def test_setup_builds_for_an_nvidia_gpu_on_top_of_the_cpu_flags(tmp_path: Path) -> None:
     """A GPU (the driver reports its compute capability) and a toolkit: CUDA for that GPU, RPC and the CPU's
     flags kept; SPECDEC_GPU=cpu builds for the CPU; SPECDEC_CMAKE_ARGS adds, never replaces."""
-    rc, gpu, args, said = cmake_args(tmp_path, {}, ["nvidia-smi", "nvcc"])
+    rc, gpu, args, said = cmake_args(tmp_path, {}, ["nvidia-smi", "toolkit"])
     assert (rc, gpu) == (0, "cuda") and "building for an NVIDIA GPU (CUDA) as well as the CPU" in said
     assert "-DGGML_CUDA=ON" in args and args.endswith("-DCMAKE_CUDA_ARCHITECTURES=90")  # two GPUs of one model
     assert "-DGGML_RPC=ON" in args and "-DGGML_NATIVE=OFF" in args and "-DGGML_AMX_INT8=OFF" in args
-    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "cpu", "SPECDEC_CMAKE_ARGS": "-DX=1"}, ["nvcc"])
+    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "cpu", "SPECDEC_CMAKE_ARGS": "-DX=1"}, ["toolkit"])
     assert (rc, gpu, said) == (0, "cpu", "") and "CUDA" not in args and args.startswith("-DGGML_RPC=ON")
     assert args.endswith(" -DX=1")
 
 
-@pytest.mark.skipif(Path("/usr/local/cuda/bin/nvcc").exists(), reason="a CUDA toolkit is installed where the "
-                    "set-up looks for one")  # fmt: skip
+@pytest.mark.skipif(Path("/usr/local/cuda/include/cublas_v2.h").exists(), reason="a CUDA toolkit is installed "
+                    "where the set-up looks for one")  # fmt: skip
 def test_setup_without_a_cuda_toolkit_builds_for_the_cpu_and_says_what_to_install(tmp_path: Path) -> None:
-    rc, gpu, args, said = cmake_args(tmp_path, {}, ["nvidia-smi"])
-    assert (rc, gpu) == (0, "cpu") and "CUDA" not in args
-    assert "no CUDA toolkit (nvcc): building for the CPU only. Install NVIDIA's CUDA toolkit" in said
-    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "cuda"}, [])
-    assert (rc, gpu) == (1, "missing-toolkit") and "no CUDA compiler (nvcc) was found" in said
+    """No nvcc, or an nvcc without cuBLAS (which llama.cpp's CUDA backend links; a partial toolkit)."""
+    cases = [(["nvidia-smi", "nvcc"], "(nvcc, but no cuBLAS header")]
+    if not Path("/usr/local/cuda/bin/nvcc").exists():  # where the set-up looks when nvcc is not on PATH
+        cases.append((["nvidia-smi"], "(nvcc)"))
+    for tools, missing in cases:
+        rc, gpu, args, said = cmake_args(tmp_path, {}, tools)
+        assert (rc, gpu) == (0, "cpu") and "CUDA" not in args
+        assert f"an NVIDIA GPU is here but no CUDA toolkit {missing}" in said and "building for the CPU only" in said
+    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "cuda"}, ["nvcc"])
+    assert (rc, gpu) == (1, "missing-toolkit") and "no CUDA toolkit was found (nvcc, but no cuBLAS" in said
 
 
 def test_setup_refuses_an_unknown_gpu_choice_and_builds_for_the_cpu_without_a_gpu(tmp_path: Path) -> None:
-    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "rocm"}, ["nvcc"])
+    rc, gpu, args, said = cmake_args(tmp_path, {"SPECDEC_GPU": "rocm"}, ["toolkit"])
     assert (rc, gpu) == (1, "invalid") and "SPECDEC_GPU must be cuda, cpu or unset (auto), got 'rocm'" in said
-    rc, gpu, args, said = cmake_args(tmp_path, {}, ["nvcc"])  # a toolkit and no GPU: a CI machine
+    rc, gpu, args, said = cmake_args(tmp_path, {}, ["toolkit"])  # a toolkit and no GPU: a CI machine
     assert (rc, gpu, said) == (0, "cpu", "") and "CUDA" not in args
 
 
