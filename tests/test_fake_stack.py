@@ -251,6 +251,18 @@ def test_server_chat_greedy_is_the_api_through_the_openai_client(spec: api.Specu
     assert r.usage.completion_tokens == len(reference(spec, PROMPTS[0], 32))
 
 
+def test_kernels_fast_is_said_in_the_server_speculative_block() -> None:
+    """`--kernels fast` (no probe: the output may differ from the target alone) reaches every response."""
+
+    async def go(http: httpx.AsyncClient) -> Any:
+        body = {"model": "fake-pair", "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 8}
+        return (await http.post("http://specdec.test/v1/chat/completions", json=body)).json()
+
+    with api.load(open_model=open_fake, n_ctx=1024, kernels="fast") as fast:
+        assert fast.models["exact"] is False and fast.models["kernels"]["target"] == "fast"
+        assert serve(fast, go)["speculative"]["exact"] is False
+
+
 def test_a_streamed_request_is_interactive_and_a_whole_answer_is_not(spec: api.Speculator,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The server marks what streams as read token by token (`GenerateOptions.interactive`): with fair slots, a
