@@ -12,6 +12,7 @@ from specdec_cli.engine.sampling import (
     Dist,
     SamplerSettings,
     accept_probability,
+    finite_argmax,
     process,
     residual,
     rows_finite,
@@ -260,6 +261,20 @@ def test_rows_finite_sees_one_bad_value_anywhere(bad: float, where: tuple[int, i
     rows[where] = bad
     assert not rows_finite(rows)
     assert not rows_finite(rows[where[0]])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("where", [(0, 0), (1, 5), (2, V - 1)])
+def test_finite_argmax_sees_a_nan_or_an_infinity_in_its_one_pass(bad: float, where: tuple[int, int]) -> None:
+    """Greedy's check: numpy's argmax lands on the first NaN (and an infinity is a maximum), so checking the
+    chosen logits sees any of them, in one pass instead of two; a lone -inf cannot change an argmax."""
+    rows = np.random.default_rng(1).normal(size=(3, V)).astype(np.float32)
+    assert finite_argmax(rows).tolist() == rows.argmax(axis=1).tolist()
+    assert int(finite_argmax(rows[1])) == int(rows[1].argmax())
+    rows[1, 3] = -np.inf
+    assert finite_argmax(rows) is not None
+    rows[where] = bad
+    assert finite_argmax(rows) is None and finite_argmax(rows[where[0]]) is None
 
 
 def test_acceptance_test_refuses_nan_instead_of_accepting() -> None:

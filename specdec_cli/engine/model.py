@@ -2,15 +2,14 @@
 
 Speculative decoding needs little from a model: tokenize, detokenize, decode a batch with logits at chosen
 rows (read as numpy *views*, no copy), and roll the cache back to a position. `Model` does that and tracks
-which tokens its cache holds, so callers reuse a common prefix. Only this module and engine/vocab.py call the
-ctypes bindings for a model; the process-wide side (bindings, exact mode, log, quantize) is engine/native.py,
+which tokens its cache holds, so callers reuse a common prefix. Only this module, engine/llama_batch.py (the batch
+and the logits buffer as numpy) and engine/vocab.py call the ctypes bindings for a model; the process-wide side (bindings, exact mode, log, quantize) is engine/native.py,
 the kernel sets engine/kernels.py, and what a GGUF file says engine/gguf.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ import numpy as np
 
 from specdec_cli.engine import kernels
 from specdec_cli.engine.gguf import ModelInfo, check_context_fits, check_gguf_file, model_info
+from specdec_cli.engine.llama_batch import LlamaBatch
 from specdec_cli.engine.native import (
     bindings,
     clear_log,
@@ -160,16 +160,8 @@ class Model(VocabMethods):
         self.n_ctx = min(n_ctx, int(C.llama_n_ctx_seq(ctx)))
         self.n_batch = n_batch
         self._mem = C.llama_get_memory(ctx)
-        self._batch = C.llama_batch_init(n_batch, 0, 1)
-        b = self._batch
-        self._b_token = np.ctypeslib.as_array(b.token, shape=(n_batch,))
-        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
-        self._b_logits = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
-        self._b_seq = np.zeros(n_batch, dtype=np.int32)  # the seq id each batch row holds now
+        self._batch = LlamaBatch(C, ctx, n_batch, self.n_vocab)
         self.hidden_on = False  # every row an output, with its hidden state (`set_hidden`)
-        for i in range(n_batch):
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
 
     # ------------------------------------------------------------------ info
     @property
@@ -211,12 +203,13 @@ class Model(VocabMethods):
         first = n % self.n_batch or self.n_batch
         bounds = [0, *range(first, n + 1, self.n_batch)]
         first_out = n - n_logits  # index in `tokens` of the first wanted row
+        held = self.seq_tokens[seq]
         for start, end in zip(bounds, bounds[1:], strict=False):
-            self._fill(0, seq, tokens[start:end], max(0, end - max(first_out, start)))
+            self._batch.fill(0, seq, len(held), tokens[start:end], max(0, end - max(first_out, start)), 0, self.hidden_on)
             self._run_batch(end - start, (seq,))
-            self.seq_tokens[seq].extend(tokens[start:end])
+            held.extend(tokens[start:end])
         last = bounds[-1] - bounds[-2]  # with hidden states on, every row of the last chunk is an output
-        return self._logits(last - n_logits if self.hidden_on else 0, n_logits)
+        return self._batch.logits(last - n_logits if self.hidden_on else 0, n_logits)
 
     def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
         """Decode several sequences' tokens in ONE llama_decode: `parts` are (seq, tokens, n_logits,
@@ -234,7 +227,7 @@ class Model(VocabMethods):
             if not (0 <= n_logits and 0 <= tail and n_logits + tail <= len(toks)):
                 raise ValueError("more logits than tokens requested")
             self._check_room(seq, len(toks))
-            self._fill(row, seq, toks, n_logits, tail)
+            self._batch.fill(row, seq, len(self.seq_tokens[seq]), toks, n_logits, tail, self.hidden_on)
             row += len(toks)
         if row:
             self._run_batch(row, tuple(s for s, _, _, _ in parts))
@@ -243,7 +236,7 @@ class Model(VocabMethods):
             self.seq_tokens[seq].extend(toks)
             if self.hidden_on:  # every row is an output: a part's logits rows are where its tokens are
                 first = row + len(toks) - tail - n_logits
-            out.append(self._logits(first, n_logits))
+            out.append(self._batch.logits(first, n_logits))
             first += n_logits
             row += len(toks)
         return out
@@ -253,28 +246,11 @@ class Model(VocabMethods):
         if held + n > self.n_ctx:
             raise ContextError(f"the context is full: {held} + {n} tokens > --ctx-size {self.n_ctx}")
 
-    def _fill(self, row: int, seq: int, tokens: Sequence[int], n_logits: int, tail: int = 0) -> None:
-        """Write `tokens` of sequence `seq` into batch rows from `row`, logits for the n_logits
-        before the last `tail` tokens."""
-        n = len(tokens)
-        p0 = len(self.seq_tokens[seq])
-        end = row + n
-        self._b_token[row:end] = tokens
-        self._b_pos[row:end] = np.arange(p0, p0 + n, dtype=np.int32)
-        self._b_logits[row:end] = 1 if self.hidden_on else 0
-        if n_logits and not self.hidden_on:
-            self._b_logits[end - tail - n_logits : end - tail] = 1
-        if self.n_seq > 1:
-            seq_id = self._batch.seq_id
-            for i in np.flatnonzero(self._b_seq[row:end] != seq) + row:
-                seq_id[i][0] = seq
-            self._b_seq[row:end] = seq
-
     def _run_batch(self, n_tokens: int, seqs: tuple[int, ...]) -> None:
         C = self._C  # noqa: N806
-        self._batch.n_tokens = n_tokens
+        self._batch.handle.n_tokens = n_tokens
         t0 = time.perf_counter()
-        ret = C.llama_decode(self._ctx, self._batch)
+        ret = C.llama_decode(self._ctx, self._batch.handle)
         C.llama_synchronize(self._ctx)
         self.decode_seconds += time.perf_counter() - t0
         if ret != 0:
@@ -286,12 +262,6 @@ class Model(VocabMethods):
                 raise ContextError(f"no room left in the KV cache at {held} tokens (--ctx-size {self.n_ctx})")
             raise UnsupportedModelError(f"llama_decode failed with code {ret}")
         self.decoded_tokens += n_tokens
-
-    def _logits(self, first: int, n_logits: int) -> np.ndarray:
-        if n_logits == 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = self._C.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(first + n_logits, self.n_vocab))[first:]
 
     def set_hidden(self, on: bool) -> None:
         """llama.cpp's embeddings output on or off (engine/heads.py). With it on, every token of a batch is an
@@ -340,7 +310,8 @@ class Model(VocabMethods):
         """How many leading tokens the cache already holds (called every step: no Python loop)."""
         held = self.seq_tokens[seq]
         n = min(len(tokens), len(held))
-        if held[:n] == list(tokens[:n]):
+        head = tokens if n == len(tokens) and isinstance(tokens, list) else list(tokens[:n])  # no copy if whole
+        if (held if n == len(held) else held[:n]) == head:
             return n
         diff = np.flatnonzero(np.asarray(held[:n]) != np.asarray(tokens[:n]))
         return int(diff[0])
@@ -380,7 +351,7 @@ class Model(VocabMethods):
         if self.abandoned:
             return
         if self._batch is not None:
-            C.llama_batch_free(self._batch)
+            self._batch.free()
             self._batch = None
         if self._ctx is not None:
             C.llama_free(self._ctx)

@@ -24,6 +24,7 @@ __all__ = [
     "Dist",
     "SamplerSettings",
     "accept_probability",
+    "finite_argmax",
     "process",
     "residual",
     "rows_finite",
@@ -167,15 +168,23 @@ def verify_sampled(
     return len(drafted), sample(target_dist(len(drafted)), rng)
 
 
+def finite_argmax(rows: np.ndarray) -> np.ndarray | None:
+    """Each row's argmax (a 1-D row: a 0-d array), or None when a row holds a NaN or a +inf: numpy's argmax
+    returns the first NaN where there is one, and an infinity is a maximum, so checking the chosen values
+    sees both, in the one pass over the logits the argmax makes anyway (`rows_finite` adds another; over a
+    vocabulary of logits that has just left the caches, that pass was most of a greedy step's host time).
+    A -inf cannot be an argmax unless the whole row is: greedy ignores it, and the sampler's softmax does too."""
+    top = rows.argmax(axis=-1)
+    if rows.ndim == 1:  # a draft's row: math on one float, not a numpy call (they cost several us after a decode)
+        return top if math.isfinite(rows[top]) else None
+    return top if all(math.isfinite(rows[i, t]) for i, t in enumerate(top.tolist())) else None
+
+
 def verify_greedy(target_argmax: np.ndarray, drafted: Sequence[int]) -> tuple[int, int]:
     """Greedy verification: keep the drafted prefix that equals the target's argmax.
 
     `target_argmax[i]` is the target's choice at position i (0..K).
     """
-    k = len(drafted)
-    if k:
-        mismatch = np.flatnonzero(target_argmax[:k] != np.asarray(drafted))
-        n = int(mismatch[0]) if mismatch.size else k
-    else:
-        n = 0
-    return n, int(target_argmax[n])
+    top = target_argmax.tolist()  # a few ints: plain Python beats numpy's per-call cost here
+    n = next((i for i, (t, d) in enumerate(zip(top, drafted, strict=False)) if t != d), len(drafted))
+    return n, top[n]

@@ -37,7 +37,15 @@ from specdec_cli.engine.drafters import Drafter, DraftRequest, DraftUnusable, Ou
 from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
 from specdec_cli.engine.protocol import LanguageModel
-from specdec_cli.engine.sampling import Dist, SamplerSettings, process, rows_finite, verify_greedy, verify_sampled
+from specdec_cli.engine.sampling import (
+    Dist,
+    SamplerSettings,
+    finite_argmax,
+    process,
+    rows_finite,
+    verify_greedy,
+    verify_sampled,
+)
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.errors import ContextError, ModelOutputError
 
@@ -182,15 +190,17 @@ class SpeculativeGenerator:
         t_step, t_draft, t_target, t_sample = times
         target, drafted = self.target, proposal.tokens
         n_cached = len(context) - 1
-        if not rows_finite(rows):
+        t0 = time.perf_counter()
+        greedy = self.config.sampler.greedy
+        top = finite_argmax(rows) if greedy else None
+        if top is None if greedy else not rows_finite(rows):
             target.rollback(n_cached)
             raise ModelOutputError(
                 f"the target model {target.name} produced non-finite logits (NaN or infinity) "
                 f"at position {n_cached}: its weights are probably corrupt; re-download or re-convert it"
             )
-        t0 = time.perf_counter()
-        if self.config.sampler.greedy:
-            n_acc, nxt = verify_greedy(rows.argmax(axis=1), drafted)
+        if top is not None:
+            n_acc, nxt = verify_greedy(top, drafted)
         else:
             n_acc, nxt = verify_sampled(partial(_row_dist, rows, self.config.sampler), drafted, proposal.dists, self.rng)
         t_sample += time.perf_counter() - t0

@@ -174,7 +174,9 @@ class AutoDrafter:
             j_h, v_h = best_length(s.heads.acceptance, s.costs, len(hd.tokens), s.heads_cost(), fixed=behind)
             if j_h and v_h > value:
                 choice, value, ng = HEADS, v_h, hd.cut(j_h)
-        if self.model is not None:
+        # A paused draft that could not pay even if the target took every token stays paused and is not retried
+        # (`_retry_due`): no need to price it on every step it sits out.
+        if self.model is not None and not (s.paused and not self._model_could_pay()):
             k_m, v_m = self._model_value(min(req.k, self.model_k_max))
             pays = k_m > 0  # best_length only picks a K predicted to beat a plain decode by MIN_GAIN
             if pays and s.paused:

@@ -8,29 +8,34 @@ import numpy as np
 
 from specdec_cli.engine.drafters.base import DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.protocol import LanguageModel
-from specdec_cli.engine.sampling import Dist, process, rows_finite, sample
+from specdec_cli.engine.sampling import Dist, finite_argmax, process, rows_finite, sample
 from specdec_cli.engine.settings import MODEL
+
+
+def non_finite(model: LanguageModel) -> DraftUnusable:
+    # Corrupt weights: a NaN q would make min(1, p/q) accept anything.
+    return DraftUnusable(f"the draft model {model.name} produced non-finite logits (NaN or infinity); "
+                         "its weights are probably corrupt")  # fmt: skip
 
 
 def check_finite(model: LanguageModel, row: np.ndarray) -> None:
     if not rows_finite(row):
-        # Corrupt weights: a NaN q would make min(1, p/q) accept anything.
-        raise DraftUnusable(
-            f"the draft model {model.name} produced non-finite logits (NaN or infinity); "
-            "its weights are probably corrupt"
-        )
+        raise non_finite(model)
 
 
 def pick(model: LanguageModel, row: np.ndarray, req: DraftRequest, p_min: float) -> tuple[int, Dist] | None:
     """The draft token after `row` (the draft's logits) and the q it was drawn from; None where
     the draft's top probability is below `p_min` (the draft stops there)."""
-    check_finite(model, row)
     if req.sampler.greedy:
-        tok = int(np.argmax(row))
+        top = finite_argmax(row)  # one pass over the logits: the argmax sees a NaN or an infinity too
+        if top is None:
+            raise non_finite(model)
+        tok = int(top)
         # The top token's softmax probability, without materialising the softmax.
         if p_min > 0.0 and 1.0 / float(np.exp(row - row[tok]).sum()) < p_min:
             return None
         return tok, Dist.point(tok)
+    check_finite(model, row)
     q = process(row, req.sampler)
     if p_min > 0.0 and q.probs[0] < p_min:
         return None

@@ -1,0 +1,109 @@
+"""What specdec's loop costs outside llama.cpp: host time per step, beside llama.cpp's own programs.
+
+    .venv/bin/python -m benchmarks.host_time [--pair NAME] [-n 128] [--repeats 3] [--llama-cpp-bin DIR]
+
+For the pair (default: the embedded default), greedy: the target alone (one-token steps), the draft model
+at a fixed K of 4, and the auto drafter (which plans every step, drafting or not), the same prompts, in
+alternating order. Host time is the run's wall time (prompt included)
+less the seconds inside `llama_decode` (both models, prompt included), over the steps: everything Python does
+between two decodes, the argmaxes, the cache bookkeeping, the events and stats. The parts the stats name
+(sampling: the drafts' and the verification's maths; other: the rest of a step) are shown beside it. With
+`--llama-cpp-bin`, `llama-speculative-simple` runs the same pair and K with the same kernels and GPU layers
+(`bench.external.target_kernels`), and `llama-bench -n N` gives llama.cpp's single-stream tokens/s, so each
+line has its llama.cpp counterpart in one run. A command, not a test: 2 cores time nothing while anything
+else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from benchmarks import record
+from specdec_cli import api
+from specdec_cli.bench.external import target_kernels
+
+PROMPTS = [
+    "Write a long story about a robot who learns to paint.",
+    "Explain how a refrigerator works, step by step.",
+    "Describe a walk through a busy market in the morning.",
+    "List ten ideas for a science fair project and explain each one.",
+]
+CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
+           "auto": {"drafter": "auto"}}
+
+
+def one_run(spec: api.Speculator, prompt: str, n: int, config: dict[str, Any]) -> dict[str, float]:
+    g = spec.generate(prompt, max_tokens=n, temperature=0, **config)
+    s = g.stats
+    inside = s.seconds.prefill + s.seconds.draft_decode + s.seconds.target_decode
+    steps = max(1, s.steps)
+    return {"steps": s.steps, "tokens": len(g.token_ids), "tokens_per_second": s.tokens_per_second,
+            "host_ms_per_step": (s.wall_seconds - inside) / steps * 1000,
+            "sampling_ms_per_step": s.seconds.sampling / steps * 1000, "other_ms_per_step": s.seconds.other / steps * 1000,
+            "decode_ms_per_step": (s.seconds.draft_decode + s.seconds.target_decode) / steps * 1000}  # fmt: skip
+
+
+def llama_cpp(bin_dir: Path, spec: api.Speculator, n: int, threads: int) -> dict[str, float]:
+    """llama-bench's single-stream tokens/s and llama-speculative-simple's at K = 4, on specdec's kernels."""
+    flags, env = target_kernels(spec.target.kernels, spec.gpu_layers[0])
+    target, draft = spec.choice.target, spec.choice.draft
+    out: dict[str, float] = {}
+    bench = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(target), "-p", "0", "-n", str(n), "-t", str(threads),
+                            "-r", "3", "-o", "csv", *[g for f in flags for g in (["--repack", "0"] if f == "--no-repack" else [f])]],
+                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    rows = [line.split(",") for line in bench.stdout.splitlines() if line.count(",") > 10]
+    if len(rows) >= 2 and "avg_ts" in rows[0]:
+        out["llama-bench tokens/s"] = float(rows[-1][rows[0].index("avg_ts")].strip('"'))
+    speeds = []
+    for prompt in PROMPTS:
+        cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "-p", prompt, "-n",
+               str(n), "--temp", "0", "-t", str(threads), "-td", str(threads), "--spec-type", "draft-simple",
+               "--spec-draft-n-max", "4", "--spec-draft-p-min", "0", "-ngld", str(spec.gpu_layers[1]), *flags]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", proc.stdout + proc.stderr)
+        if m:
+            speeds.append(int(m.group(1)) / float(m.group(2)))
+    if speeds:
+        out["llama-speculative-simple K=4 tokens/s"] = statistics.median(speeds)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default=None)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-bench and llama-speculative-simple")
+    record.add_option(ap)
+    args = ap.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
+    with api.load(args.pair, n_threads=args.threads, drafter="model") as spec:
+        spec.remember = False
+        spec.generate(PROMPTS[0], max_tokens=16)  # warm-up: first decodes, threads started
+        for rep in range(args.repeats):
+            for prompt in PROMPTS:
+                order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
+                for name in order:
+                    runs[name].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+        external = llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads) if args.llama_cpp_bin else {}
+        files = {"target": spec.choice.target, "draft": spec.choice.draft}
+    summary = {name: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]} for name, rs in runs.items()}
+    for name, s in summary.items():
+        print(f"{name:14s} host {s['host_ms_per_step']:.3f} ms/step (sampling {s['sampling_ms_per_step']:.3f}, "
+              f"other {s['other_ms_per_step']:.3f}; decode {s['decode_ms_per_step']:.2f})  "
+              f"{s['tokens_per_second']:.1f} tokens/s")  # fmt: skip
+    for name, value in external.items():
+        print(f"{name}: {value:.1f}")
+    record.save(args, "host-time", threads=args.threads, models=files,
+                data={"settings": {"n": args.n, "repeats": args.repeats, "prompts": PROMPTS, "configs": CONFIGS},
+                      "medians": summary, "llama_cpp": external, "runs": runs})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
