@@ -1,7 +1,8 @@
-"""Which CPU kernels a model computes with, and the load-time check that exact mode's are batch-invariant.
+"""Which kernels a model computes with, where (the GPU's layers), and the load-time check that exact mode's are
+batch-invariant.
 
 Speculative verification decodes K+1 tokens in one batch; the output is the target's own only if a token's
-logits do not depend on what else the batch holds. Three kernel sets (`Model.kernels`):
+logits do not depend on what else the batch holds. The kernel sets (`Model.kernels`):
 
 - `FAST`: llama.cpp's own choice (repacked weights, flash attention): a draft's, which only proposes.
 - `INVARIANT`: exact mode on a build with specdec's patches (patches/llama.cpp/, applied by scripts/setup.sh)
@@ -11,12 +12,12 @@ logits do not depend on what else the batch holds. Three kernel sets (`Model.ker
   split-KV reduction for one query over 512+ cells: other summation orders). Checked at load by `probe`.
   Process-wide with the variable: llamafile's sgemm computes one token with its batches' sums (float weights;
   llama.cpp sends one token to vec_dot), and one token's matrix products split rows per thread.
-- `REFERENCE`: exact mode where the build is not patched, the model is on a GPU or on RPC servers, or the
+- `REFERENCE`: exact mode where the build is not patched, the model is on RPC servers, or the
   probe failed: repacked weights and flash attention off. On the CPU these are probed too: a stock build's
   llamafile sgemm computes one token of F32, F16 or Q8_0-family weights in another order than a batch.
 - `GPU`: exact mode with layers on a GPU: llama.cpp's own GPU kernels (flash attention as llama.cpp chooses),
-  probed at every width a verification or a server step uses, after a short and a long prefix (`probe_gpu`).
-  Stock llama.cpp's CUDA kernels fail it (they pick other matrix-product and attention kernels, and other
+  probed at every width a verification or a server step uses, after a short and a long prefix
+  (`batch_equals_single_after`). Stock llama.cpp's CUDA kernels fail it (they pick other matrix-product and attention kernels, and other
   reduction splits, by the number of tokens in the batch), so today exact mode on a GPU ends `INEXACT`.
 - `INEXACT`: exact mode where the probe failed and no other kernel set is left to try (the CPU's reference
   kernels, a GPU's): the target must decode alone (no drafts, one sequence at a time: api.py), which is

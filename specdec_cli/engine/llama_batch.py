@@ -17,11 +17,12 @@ import numpy as np
 
 
 class LlamaBatch:
-    """`n_batch` rows of one sequence id each, for the context `ctx` of a model with `n_vocab` logits a row."""
+    """`n_batch` rows of one sequence id each, for the context `ctx` of a model with `n_vocab` logits a row;
+    `several`: the context holds several sequences (continuous batching), whose rows change their id."""
 
-    def __init__(self, C: Any, ctx: Any, n_batch: int, n_vocab: int) -> None:  # noqa: N803
+    def __init__(self, C: Any, ctx: Any, n_batch: int, n_vocab: int, several: bool = False) -> None:  # noqa: N803
         self.handle = C.llama_batch_init(n_batch, 0, 1)
-        self._C, self._ctx, self.n_batch, self.n_vocab = C, ctx, n_batch, n_vocab
+        self._C, self._ctx, self.n_batch, self.n_vocab, self.several = C, ctx, n_batch, n_vocab, several
         b = self.handle
         self.token = np.ctypeslib.as_array(b.token, shape=(n_batch,))
         self.pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
@@ -48,7 +49,7 @@ class LlamaBatch:
             self.wants[row:end] = every
             if n_logits and not every:
                 self.wants[end - tail - n_logits : end - tail] = 1
-        if seq or self.seq[row:end].any():  # rows of another sequence (continuous batching) change their id
+        if self.several:  # rows that held another sequence change their id
             seq_id = self.handle.seq_id
             for i in np.flatnonzero(self.seq[row:end] != seq) + row:
                 seq_id[i][0] = seq

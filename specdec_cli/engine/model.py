@@ -2,9 +2,10 @@
 
 Speculative decoding needs little from a model: tokenize, detokenize, decode a batch with logits at chosen
 rows (read as numpy *views*, no copy), and roll the cache back to a position. `Model` does that and tracks
-which tokens its cache holds, so callers reuse a common prefix. Only this module, engine/llama_batch.py (the batch
-and the logits buffer as numpy) and engine/vocab.py call the ctypes bindings for a model; the process-wide side (bindings, exact mode, log, quantize) is engine/native.py,
-the kernel sets engine/kernels.py, and what a GGUF file says engine/gguf.py.
+which tokens its cache holds, so callers reuse a common prefix. Only this module, engine/llama_batch.py (the
+batch and the logits buffer as numpy) and engine/vocab.py call the ctypes bindings for a model; the process-wide
+side (bindings, exact mode, log, quantize) is engine/native.py, the kernel sets engine/kernels.py, and what a
+GGUF file says engine/gguf.py.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class Model(VocabMethods):
         self.n_ctx = min(n_ctx, int(C.llama_n_ctx_seq(ctx)))
         self.n_batch = n_batch
         self._mem = C.llama_get_memory(ctx)
-        self._batch = LlamaBatch(C, ctx, n_batch, self.n_vocab)
+        self._batch = LlamaBatch(C, ctx, n_batch, self.n_vocab, n_seq > 1)
         self.hidden_on = False  # every row an output, with its hidden state (`set_hidden`)
 
     # ------------------------------------------------------------------ info
