@@ -117,8 +117,12 @@ class RecentMedian:
         self.values: deque[float] = deque(maxlen=window)
 
     def add(self, x: float) -> float:
+        """Add a value; the median of the window. Called every step (a plain one too): sorted() on the few
+        values, not statistics.median's checks."""
         self.values.append(x)
-        return statistics.median(self.values)
+        s = sorted(self.values)
+        n = len(s)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
     def __len__(self) -> int:
         return len(self.values)
@@ -261,6 +265,10 @@ def step_speedup(expected: float, k: int, draft_cost: float, costs: BatchCosts, 
 MIN_GAIN = 1.05
 
 
+# P(the first K drafted tokens are all accepted) below which drafting a K-th token is not priced
+NEGLIGIBLE = 1e-4
+
+
 def best_length(
     acc: Acceptance, costs: BatchCosts, k_max: int, draft_cost: float = 0.0, min_gain: float = MIN_GAIN,
     fixed: float = 0.0,
@@ -270,6 +278,8 @@ def best_length(
     best_k, best = 0, min_gain
     expected = 1.0
     for k, p in enumerate(acc.p_run(k_max), start=1):
+        if p < NEGLIGIBLE:  # a longer draft adds less than this to E(K) per token and costs a token's verification:
+            break  # it cannot be worth more (the lookup's 64 positions were priced every step, drafting or not)
         expected += p
         value = step_speedup(expected, k, draft_cost, costs, fixed)
         if value > best:

@@ -77,11 +77,10 @@ class NgramDrafter:
             start = self._index[n].get(tuple(toks[end - n :]))
             if start is None:
                 continue
-            out: list[int] = []
-            for j in range(k):
-                pos = start + j
-                out.append(toks[pos] if pos < end else out[pos - end])
-            return out, n
+            # what followed the earlier occurrence; past the end of the text, the draft goes on repeating itself
+            # (out[j] = out[j - (end - start)]), the period of the copy
+            seg = toks[start:end]
+            return (seg * (k // len(seg) + 1))[:k], n
         return [], 0
 
     def decode_seconds(self) -> float:
@@ -102,8 +101,9 @@ class NgramDrafter:
             pooled, m = self.pool.propose(req.context, req.k)
             if m > n:
                 drafted, pool_match = pooled, m
-        for j, tok in enumerate(drafted):
-            if tok in req.stop_ids:
-                del drafted[j + 1 :]
-                break
+        if not req.stop_ids.isdisjoint(drafted):  # one C-level check on most steps, the loop only where one is
+            for j, tok in enumerate(drafted):
+                if tok in req.stop_ids:
+                    del drafted[j + 1 :]
+                    break
         return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, NGRAM, pool_match=pool_match)
