@@ -31,6 +31,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _plain_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests do not inherit the colour settings of the shell that runs them (NO_COLOR in a profile turned the
+    legend's colours off, and a test of them failed): a test about them sets them itself."""
+    for name in ("NO_COLOR", "FORCE_COLOR", "CLICOLOR_FORCE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _no_user_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never read the developer's own models.toml or hand-fetched models."""
     home = tmp_path_factory.mktemp("user")
