@@ -199,12 +199,17 @@ class Model(VocabMethods):
         if n_logits > self.n_batch:
             raise ValueError(f"at most {self.n_batch} logits rows per decode, asked for {n_logits}")
         self._check_room(seq, n)
+        held = self.seq_tokens[seq]
+        if n <= self.n_batch:  # one llama_decode: every step's case (a step's host time is counted: design.md)
+            self._batch.fill(0, seq, len(held), tokens, n_logits, 0, self.hidden_on)
+            self._run_batch(n, (seq,))
+            held.extend(tokens)
+            return self._batch.logits(n - n_logits if self.hidden_on else 0, n_logits)
         # Chunks of n_batch, aligned so that the last chunk holds every wanted row:
         # llama.cpp's output buffer only keeps the last llama_decode's rows.
         first = n % self.n_batch or self.n_batch
         bounds = [0, *range(first, n + 1, self.n_batch)]
         first_out = n - n_logits  # index in `tokens` of the first wanted row
-        held = self.seq_tokens[seq]
         for start, end in zip(bounds, bounds[1:], strict=False):
             self._batch.fill(0, seq, len(held), tokens[start:end], max(0, end - max(first_out, start)), 0, self.hidden_on)
             self._run_batch(end - start, (seq,))
