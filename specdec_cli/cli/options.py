@@ -161,7 +161,8 @@ class RuntimeOptions:
                      "else 0).", rich_help_panel="Runtime"),
     ] = None
     draft_gpu_layers: Annotated[
-        int | None, typer.Option(help="Draft layers on the GPU (default: as --gpu-layers).", rich_help_panel="Runtime")
+        int | None, typer.Option(help="Draft layers on the GPU (default: all where there is one, else 0).",
+                                 rich_help_panel="Runtime"),
     ] = None
     kernels: Annotated[
         str,

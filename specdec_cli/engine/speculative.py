@@ -192,8 +192,8 @@ class SpeculativeGenerator:
         n_cached = len(context) - 1
         t0 = time.perf_counter()
         greedy = self.config.sampler.greedy
-        top = finite_argmax(rows) if greedy else None
-        if top is None if greedy else not rows_finite(rows):
+        top = finite_argmax(rows) if greedy else None  # greedy checks finiteness within its argmax
+        if not (top is not None if greedy else rows_finite(rows)):
             target.rollback(n_cached)
             raise ModelOutputError(
                 f"the target model {target.name} produced non-finite logits (NaN or infinity) "
