@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec_cli.comparison import Comparison
 from specdec_cli.drafting import make_drafter
 from specdec_cli.engine import kernels, prompting
 from specdec_cli.engine.batch import BatchEngine, BatchJob
@@ -176,6 +177,20 @@ class Speculator:
             pass
         return run.generation
 
+    def compare(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Comparison:
+        """Generate (keywords as `start`'s), then the same through the target alone: same text (greedy), and
+        tokens/s of each (`run --compare`)."""
+        return Comparison(self.generate(prompt, options, **kw), self.target_alone(prompt, options, **kw))
+
+    def target_alone(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Generation:
+        """The same generation with no drafter, adding nothing to the token pool (a drafter after it must not
+        copy the baseline's output)."""
+        remember, self.remember = self.remember, False
+        try:
+            return self.generate(prompt, options, **{**kw, "drafter": NONE})
+        finally:
+            self.remember = remember
+
     def stream(self, prompt: Prompt | PromptTokens, options: GenerateOptions | None = None, **kw: Any) -> Iterator[Chunk]:
         """Yield a `Chunk` per step that emitted text; the last one (empty text) carries the `Generation`."""
         run = self.start(prompt, options, **kw)
@@ -254,6 +269,7 @@ class Speculator:
             **o.as_dict(),
             "drafter": kind if drafting else None,
             "draft_max": config.k_max if drafting else 0,
+            "draft_max_model": self._model_cap(kind, config.k_max),
             "adaptive_k": o.adaptive,
             "ngram": list(self.ngram) if kind in (NGRAM, AUTO) else None,
             "ctx_size": self.target.n_ctx,
@@ -261,6 +277,15 @@ class Speculator:
             "chat_template": used_chat,
             "system": o.system,
         }
+
+    def _model_cap(self, kind: str, k_max: int) -> int | None:
+        """The most tokens the draft model drafts a step: auto's n-gram copies go to `k_max`, its model drafts
+        stop at the pair's `draft_max`; None where no draft model drafts."""
+        if kind == MODEL:
+            return k_max
+        if kind == AUTO and self.draft is not None and not self.draft_broken:
+            return min(k_max, self.choice.draft_max or k_max)
+        return None
 
     # ------------------------------------------------------------ cleanup
     def open_pool_file(self, path: str | os.PathLike[str]) -> int:

@@ -38,12 +38,33 @@ def _plain_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+# The pair a test gets when it names none. The shipped default (models.toml) has an F32 target, which decodes
+# several times slower on these 2-core machines: the suite runs on the quicker pair of the same model, written
+# as the user file's `default`, and tests/test_first_run.py runs the shipped default itself.
+SUITE_DEFAULT_PAIR = "smollm2-135m-q2k"
+
+
+def user_dirs(home: Path) -> dict[str, str]:
+    """A user config folder whose models.toml names only the suite's default pair, and an empty models folder."""
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "models.toml").write_text(f'default = "{SUITE_DEFAULT_PAIR}"\n')
+    return {"SPECDEC_CONFIG_DIR": str(home / "config"), "SPECDEC_MODELS_DIR": str(home / "models")}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_user_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The same for fixtures wider than a test (a module's server starts before a test's own folders)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in user_dirs(tmp_path_factory.mktemp("session-user")).items():
+            mp.setenv(name, value)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _no_user_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never read the developer's own models.toml or hand-fetched models."""
-    home = tmp_path_factory.mktemp("user")
-    monkeypatch.setenv("SPECDEC_CONFIG_DIR", str(home / "config"))
-    monkeypatch.setenv("SPECDEC_MODELS_DIR", str(home / "models"))
+    for name, value in user_dirs(tmp_path_factory.mktemp("user")).items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="session")

@@ -28,11 +28,12 @@ def assert_one_line_error(res: Any, code: int, *needles: str) -> None:
 
 
 def test_list_json_shows_every_pair_and_what_is_on_disk() -> None:
+    registry.user_models_toml().unlink()  # the suite's default (conftest.py): here, the shipped one
     res = models("list", "--json")
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     names = [p["name"] for p in out["pairs"]]
-    assert names[0] == out["default"] == "smollm2-135m-q2k"
+    assert names[0] == out["default"] == "smollm2-135m-f32-q4"
     assert len(names) == len(registry.load().pairs) >= 12
     assert out["user_file"] == str(registry.user_models_toml())
     by_name = {p["name"]: p for p in out["pairs"]}
@@ -48,7 +49,7 @@ def test_list_json_shows_every_pair_and_what_is_on_disk() -> None:
 def test_list_table_names_the_files_it_read() -> None:
     res = models("list")
     assert res.exit_code == 0, res.stderr
-    assert "smollm2-135m-q2k (default)" in res.stdout
+    assert "smollm2-135m-q2k (default)" in res.stdout  # the user file's default (conftest.py) wins
     assert "Llama-3.3-70B-Instruct-Q4_K_M.gguf" in res.stdout and "~42.5 GB" in res.stdout
     assert str(registry.user_models_toml()) in res.stdout
 

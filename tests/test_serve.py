@@ -382,8 +382,10 @@ def test_load_queue_bound_disconnect_and_memory(expected_chat: dict[str, Any]) -
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_finishes_or_cancels_and_exits_zero(sig: signal.Signals) -> None:
     with live_server("--ctx-size", "512", "--no-draft") as s:
-        body = {"messages": [{"role": "user", "content": "Count from 1 to 300."}], "max_tokens": 300,
-                "temperature": 0, "stream": True}  # fmt: skip
+        # an answer longer than max_tokens (greedy: 1,000 tokens and more), so that its finish is "length" whether
+        # the signal cuts it or it ends first (a shorter one reached its end token first on a quick machine)
+        body = {"messages": [{"role": "user", "content": "Write a long story about a robot who learns to paint."}],
+                "max_tokens": 300, "temperature": 0, "stream": True}  # fmt: skip
         got: list[str] = []
 
         def stream() -> None:

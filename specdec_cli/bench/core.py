@@ -278,7 +278,7 @@ class BenchResult:
             predicted=tokens / units if units else None,
             oracle=tokens / oracle if oracle else None,
             identical=self._identical(config, cat),
-            acceptance_rate=total.acceptance_rate if total.drafted else None,
+            acceptance_rate=total.acceptance_rate,
             tokens_per_step=total.tokens_per_step,
             accepted_by_position=total.accepted_by_position,
             split=split,

@@ -35,6 +35,7 @@ from specdec_cli.engine.settings import (
     DrafterKind,
     GenerateOptions,
     KernelChoice,
+    check_drafter,
 )
 
 if TYPE_CHECKING:
@@ -65,9 +66,10 @@ class ModelOptions:
 @dataclasses.dataclass(frozen=True)
 class DrafterOptions:
     drafter: Annotated[
-        DrafterKind,
+        str,
         typer.Option(
             "--drafter",
+            metavar="KIND",
             help="auto: each step, verify the n-gram proposal, a draft-model draft or nothing, whichever the "
             "costs measured so far say is fastest (never slower than the target alone by more than its "
             "retry budget); model: the draft model proposes; ngram: copy what followed the latest match of "
@@ -96,7 +98,7 @@ class DrafterOptions:
             from specdec_cli.errors import UsageError
 
             raise UsageError("--drafter ngram and --no-draft contradict each other")
-        return NONE if self.no_draft else self.drafter
+        return NONE if self.no_draft else check_drafter(self.drafter)
 
 
 def _opt(name: str, *short: str, panel: str) -> Any:

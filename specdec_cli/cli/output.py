@@ -48,14 +48,25 @@ class Output:
         else:
             human()
 
-    def generation(self, title: str, heads: bool = False) -> Renderer:
+    def generation(self, title: str, heads: bool = False, compare: bool = False) -> Renderer:
         """Streams a generation: coloured text and a live panel, plain text, or JSON at the end. `heads`: the
-        legend names the heads' colour (they are loaded)."""
+        legend names the heads' colour (they are loaded); `compare`: a comparison follows (`Renderer.compared`)."""
         from specdec_cli.render.generation import make_renderer
 
-        renderer = make_renderer(self.json, self.out, self.err, title=title, heads=heads)
+        renderer = make_renderer(self.json, self.out, self.err, title=title, heads=heads, compare=compare)
         self._teardown.append(renderer.abort)
         return renderer
+
+    @contextlib.contextmanager
+    def status(self, message: str) -> Iterator[None]:
+        """A spinner with `message` on a terminal while something runs (never with --json or on a pipe)."""
+        if self.json or not self.err.isatty():
+            yield
+            return
+        from rich.console import Console
+
+        with Console(file=self.err).status(message):
+            yield
 
     @contextlib.contextmanager
     def progress(self, total: int) -> Iterator[Callable[[str], None]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,12 +25,25 @@ from specdec_cli.cli.output import Output, read_prompt
 from specdec_cli.engine.settings import NONE
 from specdec_cli.errors import ExitCode, RpcError
 
+if TYPE_CHECKING:
+    from specdec_cli.api import GenerateOptions, Generation, Speculator
+    from specdec_cli.comparison import Comparison
+
 ChatOpt = Annotated[
     bool | None,
     typer.Option(
         "--chat/--raw",
         help="Apply the target's chat template (default when it has one), or feed the prompt as is.",
         show_default=False,
+    ),
+]
+
+CompareOpt = Annotated[
+    bool,
+    typer.Option(
+        "--compare",
+        help="Then run the same prompt through the target alone and end with one line: same text (greedy: "
+        "token for token; sampled: not compared), tokens/s of each and the ratio.",
     ),
 ]
 
@@ -51,6 +64,7 @@ def run(
     chat: ChatOpt = None,
     system: SystemOpt = None,
     json_out: JsonOpt = False,
+    compare: CompareOpt = False,
 ) -> None:
     """Generate once, with live acceptance stats."""
     from specdec_cli.api import GenerateOptions
@@ -64,7 +78,7 @@ def run(
         with load(models, runtime, ngram, drafting.kind) as spec:
             gen = spec.start(text, options)
             title = f"speculation ({spec.drafter} drafter)" if spec.drafter != NONE else NONE.label
-            renderer = out.generation(title + placement_note(spec), heads=spec.heads is not None)
+            renderer = out.generation(title + placement_note(spec), heads=spec.heads is not None, compare=compare)
             renderer.start()
             interrupted = False
             try:
@@ -75,5 +89,23 @@ def run(
             renderer.finish(gen.generation, gen.stats)
             if gen.error:
                 raise RpcError(f"{gen.error}: the output ends there")
+            if compare:
+                renderer.compared(None if interrupted else against_target(out, spec, text, options, gen.generation))
     if interrupted:
         raise typer.Exit(ExitCode.INTERRUPTED)
+
+
+def against_target(out: Output, spec: Speculator, prompt: str, options: GenerateOptions, g: Generation) -> Comparison | None:
+    """The same prompt and settings through the target alone, after the run (`--compare`); None where the run
+    already was the target alone (nothing to compare) or the comparison was interrupted."""
+    from specdec_cli.comparison import Comparison
+
+    if g.settings.get("drafter") is None:
+        out.note("compare: this run was the target alone: nothing to compare")
+        return None
+    try:
+        with out.status("compare: the same prompt through the target alone..."):
+            alone = spec.target_alone(prompt, options)
+    except KeyboardInterrupt:
+        return None
+    return Comparison(g, alone)

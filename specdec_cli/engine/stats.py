@@ -35,7 +35,7 @@ class RunStats:
 
     drafted: int
     accepted: int
-    acceptance_rate: float
+    acceptance_rate: float | None  # None where nothing was drafted (no rate to give)
     steps: int
     tokens_per_step: float
     accepted_by_position: tuple[float, ...]
@@ -44,7 +44,7 @@ class RunStats:
     tokens_per_second: float
     wall_seconds: float
     seconds: Seconds
-    # Which drafter each step verified: {"model"|"ngram": {"steps", "drafted", "accepted"}, "plain": {"steps"}}.
+    # Which drafter each step verified: {"model"|"ngram"|"heads": {"steps", "drafted", "accepted"}, "plain": {...}}.
     drafters: dict[str, dict[str, int]] = field(default_factory=dict)
     predicted_speedup: float | None = None  # the auto drafter's mean prediction over its steps
     notes: tuple[str, ...] = ()  # the auto drafter's reasons, in order ("... paused", "... resumed")
@@ -171,8 +171,9 @@ class Stats:
         return self.emitted_from_draft + self.emitted_from_target
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted; None where nothing was drafted (the terminal shows "-")."""
+        return self.accepted / self.drafted if self.drafted else None
 
     @property
     def tokens_per_step(self) -> float:

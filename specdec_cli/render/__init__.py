@@ -55,3 +55,8 @@ def warning(message: str, err: IO[str] | None = None) -> None:
 
 def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def rate(x: float | None) -> str:
+    """An acceptance rate, or "-" where nothing was drafted (None)."""
+    return "-" if x is None else pct(x)

@@ -25,10 +25,11 @@ from rich.text import Text
 from specdec_cli.engine.events import DRAFT, DrafterDropped, Event, Prefill, Step
 from specdec_cli.engine.settings import HEADS, MODEL, NGRAM
 from specdec_cli.engine.stats import RunStats, Stats
-from specdec_cli.render import no_color, one_line, pct, visible, warning
+from specdec_cli.render import no_color, one_line, pct, rate, visible, warning
 
 if TYPE_CHECKING:
     from specdec_cli.api import Generation
+    from specdec_cli.comparison import Comparison
 
 DRAFT_STYLE = "bold green"  # accepted from the draft model
 NGRAM_STYLE = "bold cyan"  # accepted from the n-gram lookup
@@ -82,7 +83,7 @@ def stats_table(stats: Stats, *, tokens_per_second: float, title: str = "specula
     t.add_row(
         str(stats.drafted),
         str(stats.accepted),
-        pct(stats.acceptance_rate) if stats.drafted else "-",
+        rate(stats.acceptance_rate),
         f"{stats.tokens_per_step:.2f}",
         str(stats.steps),
         f"{tokens_per_second:.1f}",
@@ -108,7 +109,7 @@ def summary_text(g: Generation) -> str:
         f"tokens {len(g.token_ids)}",
         f"drafted {s.drafted}",
         f"accepted {s.accepted}",
-        f"acceptance {pct(s.acceptance_rate) if s.drafted else '-'}",
+        f"acceptance {rate(s.acceptance_rate)}",
         f"tokens/pass {s.tokens_per_step:.2f}",
         f"steps {s.steps}",
         f"{s.tokens_per_second:.1f} tokens/s",
@@ -134,21 +135,41 @@ class Renderer:
 
     def finish(self, g: Generation, stats: Stats) -> None: ...
 
+    def compared(self, c: Comparison | None) -> None:
+        """`--compare`'s line after the summary (None: the run was interrupted, nothing was compared)."""
+        if c is not None:
+            self._line(c.line(), "" if c.same_text or not c.greedy else "bold red")
+
+    def _line(self, text: str, style: str) -> None: ...
+
     def abort(self) -> None:
         """Tear down live displays before an error message is printed."""
 
 
 class JsonRenderer(Renderer):
-    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None, hold: bool = False) -> None:
+        """`hold`: the object waits for `compared` (`--compare` adds its `comparison`)."""
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.held: Generation | None = None
+        self.hold = hold
 
     def event(self, ev: Event, stats: Stats) -> None:
         if isinstance(ev, DrafterDropped):
             warning(ev.reason, self.err)
 
     def finish(self, g: Generation, stats: Stats) -> None:
-        self.out.write(json.dumps(g.to_json(), ensure_ascii=False) + "\n")
+        if self.hold:
+            self.held = g
+        else:
+            self._write(g.to_json())
+
+    def compared(self, c: Comparison | None) -> None:
+        if self.held is not None:
+            self._write({**self.held.to_json(), "comparison": None if c is None else c.to_json()})
+
+    def _write(self, obj: dict[str, object]) -> None:
+        self.out.write(json.dumps(obj, ensure_ascii=False) + "\n")
         self.out.flush()
 
 
@@ -183,6 +204,10 @@ class PlainRenderer(Renderer):
             self.err.write(f"auto: {note}\n")
         if (line := exactness(g)) is not None:
             self.err.write(line + "\n")
+        self.err.flush()
+
+    def _line(self, text: str, style: str) -> None:
+        self.err.write(text + "\n")
         self.err.flush()
 
 
@@ -297,15 +322,18 @@ class LiveRenderer(Renderer):
         if (line := exactness(g)) is not None:
             self.err.print(line, style="yellow", highlight=False, markup=False)
 
+    def _line(self, text: str, style: str) -> None:
+        self.err.print(text, style=style or None, highlight=False, markup=False)
+
 
 def make_renderer(
     json_mode: bool, out: IO[str] | None = None, err: IO[str] | None = None, title: str = "speculation",
-    heads: bool = False,
+    heads: bool = False, compare: bool = False,
 ) -> Renderer:
     out = out or sys.stdout
     err = err or sys.stderr
     if json_mode:
-        return JsonRenderer(out, err)
+        return JsonRenderer(out, err, hold=compare)
     if no_color() or not out.isatty():
         return PlainRenderer(out, err)
     out_console = Console(file=out, highlight=False)
@@ -349,7 +377,7 @@ def make_chat_renderer(out: IO[str], err: IO[str]) -> ChatRenderer:
 
 def reply_summary(g: Generation) -> str:
     s = g.stats
-    acc = pct(s.acceptance_rate) if s.drafted else "-"
+    acc = rate(s.acceptance_rate)
     stop = "" if g.stop_reason == "eos" else f", stopped: {STOP_REASONS.get(g.stop_reason, g.stop_reason)}"
     return (
         f"[{len(g.token_ids)} tokens, {s.tokens_per_second:.1f} tokens/s, acceptance {acc}, "
@@ -362,7 +390,7 @@ def session_stats(s: RunStats, turns: int) -> str:
     n = s.emitted_from_draft + s.emitted_from_target
     return (
         f"session: {turns} {'reply' if turns == 1 else 'replies'}, {n} tokens, drafted {s.drafted}, "
-        f"accepted {s.accepted} ({pct(s.acceptance_rate) if s.drafted else '-'}), "
+        f"accepted {s.accepted} ({rate(s.acceptance_rate)}), "
         f"{s.tokens_per_step:.2f} tokens/pass, {s.tokens_per_second:.1f} tokens/s\n"
         f"acceptance by draft position: {pos}"
     )

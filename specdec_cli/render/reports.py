@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specdec_cli.render import no_color, pct, visible
+from specdec_cli.render import no_color, pct, rate, visible
 
 if TYPE_CHECKING:
     from specdec_cli.bench.core import Costs, Summary
@@ -215,7 +215,7 @@ def bench_report(
         if greedy:
             row.append(same)
         row += [
-            "-" if s.acceptance_rate is None else pct(s.acceptance_rate),
+            rate(s.acceptance_rate),
             "-" if s.tokens_per_step is None else f"{s.tokens_per_step:.2f}",
         ]
         row += [

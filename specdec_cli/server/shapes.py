@@ -98,7 +98,7 @@ def describe(final: Done) -> dict[str, Any]:
         "draft_max": final.generation.settings.get("draft_max"),
         "drafted": s.drafted,
         "accepted": s.accepted,
-        "acceptance_rate": round(s.acceptance_rate, 6),
+        "acceptance_rate": None if s.acceptance_rate is None else round(s.acceptance_rate, 6),
         "tokens_per_step": round(s.tokens_per_step, 6),
         "steps": s.steps,
         "accepted_by_position": [round(x, 6) for x in s.accepted_by_position],

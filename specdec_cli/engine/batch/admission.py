@@ -25,7 +25,7 @@ from specdec_cli.engine.protocol import LoadedModel
 
 # Beside other generating slots, a step's drafts may make it at most this many times as long as the plain
 # step (every slot one token), so a stream that does not draft waits at most about FAIR_STEP times its gap
-# beside the same batch-mates without drafts (plan.py; docs/serve.md, "Fair slots").
+# beside the same batch-mates without drafts (plan.py; docs/design.md, "Fair slots").
 FAIR_STEP = 1.5
 # ... or, beside a stream and where that is longer, as long as FAIR_GAP single-token decodes: a stream's gap alone
 # is one, so its longest gap beside a drafting batch-mate stays under 3x that, with room for a busy machine's own
