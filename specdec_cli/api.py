@@ -119,7 +119,11 @@ def load(
     )
     warnings = []
     cores = native.usable_cores()
-    if n_threads is not None and n_threads > cores:
+    if n_threads is None:
+        n_threads, busy = native.default_threads()
+        if busy is not None:
+            warnings.append(busy)
+    elif n_threads > cores:
         # More threads than cores only adds contention (measured: 10 tokens in 120 s at 1000 threads).
         warnings.append(f"--threads {n_threads} is more than the {cores} cores this process may use: using {cores}")
         n_threads = cores

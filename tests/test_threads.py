@@ -45,3 +45,63 @@ def test_generations_and_calibration_let_their_openmp_team_go(
         assert settles_at(before)
         assert calibrate(spec.target, None, 2, 5) is not None
         assert settles_at(before)
+
+
+def test_busy_cores_reads_the_runnable_tasks_but_this_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("1.90 1.20 0.80 3/412 12345\n")  # 3 runnable, this process among them
+    monkeypatch.setattr(native, "usable_cores", lambda: os.cpu_count())
+    assert native.busy_cores(loadavg=str(loadavg), interval=0) == 2
+    loadavg.write_text("garbage\n")
+    assert native.busy_cores(loadavg=str(loadavg), interval=0) == 0
+    assert native.busy_cores(loadavg=str(tmp_path / "missing"), interval=0) == 0
+    monkeypatch.setattr(native, "usable_cores", lambda: (os.cpu_count() or 2) - 1)  # pinned: the count is not ours
+    assert native.busy_cores(loadavg=str(loadavg), interval=0) == 0
+
+
+def test_default_threads_leave_busy_cores_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "usable_cores", lambda: 2)
+    monkeypatch.setattr(native, "busy_cores", lambda: 0)
+    assert native.default_threads() == (2, None)
+    monkeypatch.setattr(native, "busy_cores", lambda: 5)
+    threads, note = native.default_threads()
+    assert threads == 1 and note == "5 other tasks running on this machine's 2 cores: 1 thread (--threads sets it)"
+    monkeypatch.setattr(native, "usable_cores", lambda: 8)
+    monkeypatch.setattr(native, "busy_cores", lambda: 1)
+    assert native.default_threads() == (7, "1 other task running on this machine's 8 cores: 7 threads (--threads sets it)")
+
+
+def test_a_real_second_load_is_seen() -> None:
+    """Two busy processes (what a build does to a 2-core machine) count as two busy cores at least."""
+    if native.usable_cores() != os.cpu_count() or not Path("/proc/loadavg").exists():
+        pytest.skip("the runnable count is the whole machine's: this process is pinned to some cores")
+    import subprocess
+    import sys
+
+    hogs = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 5: pass"])
+            for _ in range(2)]  # fmt: skip
+    try:
+        time.sleep(0.5)
+        assert native.busy_cores() >= 2
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def test_the_thread_count_does_not_change_a_logit(smol_path: Path) -> None:
+    """The default thread count follows the machine's load, so a run and its baseline may differ in threads:
+    the kernels must give the same bits whatever the count (a batch and one token at a time alike)."""
+    from specdec_cli.engine.model import Model
+
+    got = []
+    for n in (1, 2, 3):
+        m = Model(smol_path, n_ctx=256, n_threads=n)
+        ids = m.tokenize("The quick brown fox jumps over the lazy dog, and then " * 3, add_special=True,
+                         parse_special=False)  # fmt: skip
+        batch = m.decode(ids).copy()
+        one = [m.decode([i])[-1].copy() for i in ids[:8]]
+        got.append((batch, one))
+        m.close()
+    for batch, one in got[1:]:
+        assert (batch == got[0][0]).all() and all((a == b).all() for a, b in zip(one, got[0][1], strict=True))

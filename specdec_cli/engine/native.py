@@ -13,6 +13,7 @@ import functools
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,39 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def busy_cores(samples: int = 3, interval: float = 0.01, loadavg: str = "/proc/loadavg") -> int:
+    """Cores other work keeps busy now: the tasks the kernel counts as runnable (/proc/loadavg's fourth field),
+    this one left out, the least of a few samples (a busy process stays runnable; a passing one does not). 0
+    where it cannot be known: no /proc, or a process pinned to some of the machine's cores (the count is the
+    whole machine's)."""
+    if usable_cores() != (os.cpu_count() or 0):
+        return 0
+    least: int | None = None
+    for i in range(samples):
+        try:
+            running = int(Path(loadavg).read_text().split()[3].split("/")[0]) - 1
+        except (OSError, ValueError, IndexError):
+            return 0
+        least = running if least is None else min(least, running)
+        if i + 1 < samples:
+            time.sleep(interval)
+    return max(0, least or 0)
+
+
+def default_threads() -> tuple[int, str | None]:
+    """Threads for llama.cpp when none are asked for: one per core other work leaves free, at least one, and
+    the note that says so when that is fewer than the cores. ggml's threads meet at a spinning barrier after
+    every operation: with a second load on every core, two threads on 2 cores decoded at 0.3-0.4 tokens/s in
+    three of five runs where one thread kept about 100 (docs/install.md, troubleshooting)."""
+    cores = usable_cores()
+    busy = busy_cores()
+    threads = max(1, cores - busy)
+    if threads == cores:
+        return cores, None
+    return threads, (f"{busy} other task{'s' if busy > 1 else ''} running on this machine's {cores} cores: "
+                     f"{threads} thread{'s' if threads > 1 else ''} (--threads sets it)")  # fmt: skip
 
 
 # Exact mode. Speculative verification decodes K+1 tokens in one batch; the output
