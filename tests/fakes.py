@@ -23,6 +23,7 @@ import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
 from specdec_cli.engine.rpc import Placement
+from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
 
@@ -58,6 +59,7 @@ class FakeModel:
         self.n_embd = 8
         self.hidden_on = False
         self.hidden_calls = 0  # decodes made with hidden states on
+        self.argmax_calls = 0  # decodes whose rows were reduced to their argmax (decode_argmax)
         self._last_hidden = np.zeros((0, self.n_embd), np.float32)
 
     # ------------------------------------------------------------ the model
@@ -117,6 +119,12 @@ class FakeModel:
             self.hidden_calls += 1
             self._last_hidden = np.stack([self.hidden_after(self.tokens[:i]) for i in range(end - n + 1, end + 1)])
         return np.stack([self.logits_after(self.tokens[:i]) for i in range(end - n_logits + 1, end + 1)])
+
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
+        """`Model.decode_argmax`'s numpy path (a subclass's `decode`, NaN rows say, goes through it)."""
+        self.argmax_calls += 1
+        top = finite_argmax(self.decode(tokens, n_logits))
+        return None if top is None else top.tolist()
 
     def rollback(self, n_keep: int) -> None:
         assert n_keep >= 0

@@ -1,11 +1,9 @@
 """A loaded model: its llama_model and llama_context handles, the batch, the KV cache bookkeeping.
 
 Speculative decoding needs little from a model: tokenize, detokenize, decode a batch with logits at chosen
-rows (read as numpy *views*, no copy), and roll the cache back to a position. `Model` does that and tracks
-which tokens its cache holds, so callers reuse a common prefix. Only this module, engine/llama_batch.py (the
-batch and the logits buffer as numpy) and engine/vocab.py call the ctypes bindings for a model; the process-wide
-side (bindings, exact mode, log, quantize) is engine/native.py, the kernel sets engine/kernels.py, and what a
-GGUF file says engine/gguf.py.
+rows (numpy *views*) or their argmaxes, and roll the cache back. `Model` does that and tracks what its cache
+holds, so callers reuse a common prefix. Its helpers engine/llama_batch.py, engine/backend_argmax.py and
+engine/vocab.py call the bindings for it; the process-wide side is engine/native.py, the kernels engine/kernels.py.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine import kernels
+from specdec_cli.engine.backend_argmax import BackendArgmax
 from specdec_cli.engine.gguf import ModelInfo, check_context_fits, check_gguf_file, model_info
 from specdec_cli.engine.llama_batch import LlamaBatch
 from specdec_cli.engine.native import (
@@ -31,20 +30,20 @@ from specdec_cli.engine.native import (
     usable_cores,
 )
 from specdec_cli.engine.rpc import Placement
+from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.vocab import Vocab, VocabMethods
 from specdec_cli.errors import ContextError, ModelFileError, RpcError, UnsupportedModelError, UsageError
 
+_NO_ROWS = np.empty((0, 0), dtype=np.float32)  # `_decode(view=False)`: the logits are not read
+
 
 class Model(VocabMethods):
-    """One GGUF model and (unless `vocab_only`) one llama.cpp context for it.
-
-    With `n_seq` = 1 the cache is a single sequence and `tokens` lists what it holds, in order. With
-    `n_seq` > 1 (continuous batching, engine/batch/) the context holds `n_seq` sequences of `n_ctx` tokens
-    each, every one in its own KV stream (llama.cpp's non-unified cache) unless `unified`, so a sequence's
-    cells sit where they would if it ran alone and its logits are bit-identical to a solo run's whatever
-    runs beside it; `seq_tokens[s]` lists what sequence s holds, and every cache method takes the sequence
-    (`seq`, default 0). `decode_many` decodes parts of several sequences in one `llama_decode`. Exact mode
-    (engine/kernels.py) unless `exact` is False (a draft's)."""
+    """One GGUF model and (unless `vocab_only`) one llama.cpp context for it. With `n_seq` = 1 the cache is one
+    sequence and `tokens` lists what it holds. With `n_seq` > 1 (continuous batching, engine/batch/) it holds
+    `n_seq` sequences of `n_ctx` tokens, each in its own KV stream (llama.cpp's non-unified cache) unless
+    `unified`, so a sequence's cells sit where they would alone and its logits are bit-identical to a solo
+    run's; `seq_tokens[s]` lists sequence s, every cache method takes `seq` (default 0), and `decode_many`
+    decodes parts of several in one `llama_decode`. Exact mode (engine/kernels.py) unless `exact` is False."""
 
     def __init__(
         self,
@@ -138,6 +137,7 @@ class Model(VocabMethods):
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        cparams.n_outputs_max_per_seq = 0  # backend sampling may take every output row of a batch (verification)
         # Flash attention (engine/kernels.py): off for the reference kernels (_DISABLED), else llama.cpp's choice
         cparams.flash_attn_type = 0 if self.kernels == kernels.REFERENCE else -1  # (_AUTO: on, on a CPU)
         # Sliding-window layers normally evict cells older than the window; a rollback would then leave holes,
@@ -163,6 +163,9 @@ class Model(VocabMethods):
         self._mem = C.llama_get_memory(ctx)
         self._batch = LlamaBatch(C, ctx, n_batch, self.n_vocab, n_seq > 1)
         self.hidden_on = False  # every row an output, with its hidden state (`set_hidden`)
+        # greedy tokens computed in the graph (`decode_argmax`): one sequence, weights here or on a GPU here
+        self._argmax = BackendArgmax(C, ctx) if n_seq == 1 and self.placement is None else None
+        self._logits_seen = False  # a decode_argmax saw this context's logits finite (the in-graph argmax cannot)
 
     # ------------------------------------------------------------------ info
     @property
@@ -190,6 +193,23 @@ class Model(VocabMethods):
     def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logits` of them: a zero-copy
         ``(n_logits, n_vocab)`` float32 view of llama.cpp's output buffer, valid until the next call that decodes."""
+        if self._argmax is not None and self._argmax.on:
+            self._argmax.detach()  # raw logits again (a sampled run after greedy ones)
+        return self._decode(tokens, n_logits, seq)
+
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
+        """As `decode` (sequence 0), but each of the last `n_logits` rows' argmax: in the graph once the logits were
+        seen finite (engine/backend_argmax.py), else numpy's; None: a row not finite (the numpy path sees it)."""
+        a = self._argmax
+        if a is None or self.hidden_on or not (a.on or (self._logits_seen and a.attach())):
+            top = finite_argmax(self.decode(tokens, n_logits))
+            self._logits_seen = self._logits_seen or top is not None
+            return None if top is None else top.tolist()
+        self._decode(tokens, n_logits, 0, view=False)
+        return a.tokens(n_logits)
+
+    def _decode(self, tokens: Sequence[int], n_logits: int, seq: int, view: bool = True) -> np.ndarray:
+        """`decode`; `view` False: no logits view made (nobody reads them), an empty array returned."""
         n = len(tokens)
         self._context()
         if n == 0:
@@ -204,7 +224,7 @@ class Model(VocabMethods):
             self._batch.fill(0, seq, len(held), tokens, n_logits, 0, self.hidden_on)
             self._run_batch(n, (seq,))
             held.extend(tokens)
-            return self._batch.logits(n - n_logits if self.hidden_on else 0, n_logits)
+            return self._batch.logits(n - n_logits if self.hidden_on else 0, n_logits) if view else _NO_ROWS
         # Chunks of n_batch, aligned so that the last chunk holds every wanted row:
         # llama.cpp's output buffer only keeps the last llama_decode's rows.
         first = n % self.n_batch or self.n_batch
@@ -337,7 +357,7 @@ class Model(VocabMethods):
         keep = self.common_prefix(tokens, seq)
         self.rollback(keep, seq)
         if keep < len(tokens):
-            self.decode(tokens[keep:], n_logits=1, seq=seq)
+            self._decode(tokens[keep:], 1, seq, view=False)  # logits unread: a greedy sampler may stay attached
 
     def reset(self) -> None:
         self._context()
@@ -362,6 +382,9 @@ class Model(VocabMethods):
         if self._ctx is not None:
             C.llama_free(self._ctx)
             self._ctx = None
+        argmax, self._argmax = getattr(self, "_argmax", None), None
+        if argmax is not None:  # after its context (which held it attached)
+            argmax.free()
         if self._model is not None:
             C.llama_model_free(self._model)
             self._model = None

@@ -53,6 +53,11 @@ class LanguageModel(Protocol):
         """Append `tokens` to the cache; return logits for the last `n_logits` of them."""
         ...
 
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
+        """As `decode`, but the argmax of each of those rows (greedy's tokens; where the model computes them is
+        its business: `Model` in llama.cpp's graph); None where a row is not finite."""
+        ...
+
     def rollback(self, n_keep: int) -> None:
         """Forget every cached position from `n_keep` on."""
         ...

@@ -180,11 +180,12 @@ def finite_argmax(rows: np.ndarray) -> np.ndarray | None:
     return top if all(math.isfinite(rows[i, t]) for i, t in enumerate(top.tolist())) else None
 
 
-def verify_greedy(target_argmax: np.ndarray, drafted: Sequence[int]) -> tuple[int, int]:
+def verify_greedy(target_argmax: np.ndarray | list[int], drafted: Sequence[int]) -> tuple[int, int]:
     """Greedy verification: keep the drafted prefix that equals the target's argmax.
 
     `target_argmax[i]` is the target's choice at position i (0..K).
     """
-    top = target_argmax.tolist()  # a few ints: plain Python beats numpy's per-call cost here
+    # a few ints: plain Python beats numpy's per-call cost here
+    top = target_argmax if isinstance(target_argmax, list) else target_argmax.tolist()
     n = next((i for i, (t, d) in enumerate(zip(top, drafted, strict=False)) if t != d), len(drafted))
     return n, top[n]

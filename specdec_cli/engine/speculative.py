@@ -138,6 +138,7 @@ class SpeculativeGenerator:
         yield res.prefill
 
         context = list(self.prompt)
+        greedy = cfg.sampler.greedy
         index = -1
         while True:
             index += 1
@@ -167,7 +168,9 @@ class SpeculativeGenerator:
             drafted = proposal.tokens
 
             tt0 = target.decode_seconds
-            rows = target.decode([context[-1], *drafted], n_logits=len(drafted) + 1)
+            batch = [context[-1], *drafted]
+            # greedy needs each row's argmax only: computed where the logits are, none read back (Model)
+            rows = target.decode_argmax(batch, len(batch)) if greedy else target.decode(batch, len(batch))
             t_target = target.decode_seconds - tt0
             hidden = target.hidden(len(drafted) + 1) if self._hidden else None
             step, n_acc = self.verify(index, context, proposal, rows, (t_step, t_draft, t_target, t_sample))
@@ -180,20 +183,26 @@ class SpeculativeGenerator:
                 return
 
     def verify(
-        self, index: int, context: list[int], proposal: Proposal, rows: np.ndarray, times: tuple[float, float, float, float]
-    ) -> tuple[Step, int]:
-        """Steps 3 and 4 of a step, once the target has decoded [pending, drafts...] into `rows`:
-        keep the accepted prefix plus the target's token, roll the target back past it, extend
-        `context`, and record the Step. Returns it and the number of drafts accepted. `times` are
-        (the step's start, draft, target and sampling seconds so far). The batch engine
-        (engine/batch/) verifies each of its sequences through this too."""
+        self, index: int, context: list[int], proposal: Proposal, rows: np.ndarray | list[int] | None,
+        times: tuple[float, float, float, float],
+    ) -> tuple[Step, int]:  # fmt: skip
+        """Steps 3 and 4 of a step, once the target has decoded [pending, drafts...] into `rows` (the logits, or
+        for greedy their argmaxes, None where one was not finite: `decode_argmax`): keep the accepted prefix
+        plus the target's token, roll the target back past it, extend `context`, and record the Step. Returns it
+        and the number of drafts accepted. `times` are (the step's start, draft, target and sampling seconds so
+        far). The batch engine (engine/batch/) verifies each of its sequences through this too."""
         t_step, t_draft, t_target, t_sample = times
         target, drafted = self.target, proposal.tokens
         n_cached = len(context) - 1
         t0 = time.perf_counter()
         greedy = self.config.sampler.greedy
-        top = finite_argmax(rows) if greedy else None  # greedy checks finiteness within its argmax
-        if not (top is not None if greedy else rows_finite(rows)):
+        top: np.ndarray | list[int] | None = None
+        if isinstance(rows, np.ndarray):  # greedy checks finiteness within its argmax
+            top = finite_argmax(rows) if greedy else None
+            finite = top is not None if greedy else rows_finite(rows)
+        else:
+            top, finite = rows, rows is not None
+        if not finite:
             target.rollback(n_cached)
             raise ModelOutputError(
                 f"the target model {target.name} produced non-finite logits (NaN or infinity) "
@@ -202,6 +211,7 @@ class SpeculativeGenerator:
         if top is not None:
             n_acc, nxt = verify_greedy(top, drafted)
         else:
+            assert isinstance(rows, np.ndarray)
             n_acc, nxt = verify_sampled(partial(_row_dist, rows, self.config.sampler), drafted, proposal.dists, self.rng)
         t_sample += time.perf_counter() - t0
         target.rollback(n_cached + 1 + n_acc)

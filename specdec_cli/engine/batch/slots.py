@@ -16,6 +16,7 @@ from specdec_cli.engine.drafters.medusa import HeadsDrafter
 from specdec_cli.engine.estimates import Acceptance
 from specdec_cli.engine.events import Event, Transcript
 from specdec_cli.engine.protocol import LoadedModel
+from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
 
@@ -113,6 +114,10 @@ class SeqView:
 
     def decode(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         return self.model.decode(tokens, n_logits, seq=self.seq)
+
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
+        top = finite_argmax(self.decode(tokens, n_logits))
+        return None if top is None else top.tolist()
 
     def rollback(self, n_keep: int) -> None:
         self.model.rollback(n_keep, self.seq)

@@ -77,6 +77,17 @@ class ModelDrafter:
 
     def catch_up(self, context: Sequence[int]) -> np.ndarray | None:
         """Make the cache hold `context` and return the logits after it (None: a token it cannot read)."""
+        fresh = self._fresh(context)
+        if fresh is None:
+            return None
+        t0 = self.model.decode_seconds
+        rows = self.model.decode(fresh)
+        self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
+        return rows
+
+    def _fresh(self, context: Sequence[int]) -> Sequence[int] | None:
+        """Roll the cache back to what it shares with `context`; the tokens left to decode (None: one it cannot
+        read, a padded target token)."""
         ctx = context[self.offset :]
         keep = min(self.model.common_prefix(ctx), len(ctx) - 1)
         if self.window is not None and len(ctx) - keep > self.window:
@@ -87,12 +98,11 @@ class ModelDrafter:
         if any(t >= self.model.n_vocab for t in fresh):
             return None  # a padded target token the draft cannot read
         self.model.rollback(keep)
-        t0 = self.model.decode_seconds
-        rows = self.model.decode(fresh)
-        self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
-        return rows
+        return fresh
 
     def propose(self, req: DraftRequest) -> Proposal:
+        if req.sampler.greedy and self.p_min <= 0.0:
+            return self._propose_greedy(req)
         rows = self.catch_up(req.context)
         if rows is None:
             return Proposal(k=req.k, source=MODEL)
@@ -109,3 +119,23 @@ class ModelDrafter:
                 break
             rows = self.model.decode([tok])
         return Proposal(drafted, dists, req.k, MODEL)
+
+    def _propose_greedy(self, req: DraftRequest) -> Proposal:
+        """Greedy, no p_min: each draft token is the draft's argmax, which the model computes where its logits
+        are (`decode_argmax`: in llama.cpp's graph, nothing read back), the step's cheapest host path."""
+        fresh = self._fresh(req.context)
+        if fresh is None:
+            return Proposal(k=req.k, source=MODEL)
+        t0 = self.model.decode_seconds
+        top = self.model.decode_argmax(fresh)
+        self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
+        drafted: list[int] = []
+        for j in range(req.k):
+            if top is None:
+                raise non_finite(self.model)
+            tok = top[0]
+            drafted.append(tok)
+            if tok in req.stop_ids or j == req.k - 1:
+                break
+            top = self.model.decode_argmax([tok])
+        return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, MODEL)

@@ -1,0 +1,42 @@
+"""Greedy tokens computed in llama.cpp's graph (engine/backend_argmax.py): the same tokens as numpy's argmax
+of the logits, a batch's rows as one token at a time, and greedy and sampled runs taking turns on one context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.settings import GenerateOptions
+from specdec_cli.engine.speculative import generate
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where"
+
+
+def test_in_graph_argmax_is_numpys_argmax_of_the_logits(smol_path: Path) -> None:
+    with Model(smol_path, n_ctx=512, n_threads=2) as a, Model(smol_path, n_ctx=512, n_threads=2) as b:
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+        first = a.decode_argmax(ids[:4])  # the numpy path: it sees the logits finite
+        assert a._argmax is not None and not a._argmax.on
+        batch = a.decode_argmax(ids[4:], len(ids) - 4)  # in the graph from here on
+        assert a._argmax.on
+        singles = [a.decode_argmax([t])[0] for t in ids[:6]]  # type: ignore[index]
+        want = np.argmax(b.decode(ids, len(ids)), axis=-1).tolist()
+        assert first == want[3:4] and batch == want[4:]
+        assert singles == np.argmax(np.stack([b.decode([t])[0].copy() for t in ids[:6]]), axis=-1).tolist()
+        assert a.tokens == b.tokens
+
+
+def test_greedy_and_sampled_runs_take_turns_on_one_context(smol_path: Path) -> None:
+    """Attaching, detaching and attaching again (a chain is set up once per context: a new one each time)."""
+    with Model(smol_path, n_ctx=512, n_threads=2) as m:
+        prompt = m.tokenize(TEXT, add_special=True, parse_special=False)
+        greedy = GenerateOptions(adaptive=False, max_tokens=12)
+        sampled = GenerateOptions(adaptive=False, max_tokens=12, temperature=0.8, seed=1)
+        runs = [generate(m, None, prompt, cfg).token_ids for cfg in (greedy, sampled, greedy, sampled, greedy)]
+        assert m._argmax is not None and m._argmax.on  # the last run was greedy
+        assert runs[0] == runs[2] == runs[4] and runs[1] == runs[3]
+    with Model(smol_path, n_ctx=512, n_threads=2) as plain:  # the numpy path only: logits read every step
+        plain._argmax = None
+        assert generate(plain, None, prompt, greedy).token_ids == runs[0]
