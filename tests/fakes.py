@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
+from specdec_cli.engine.protocol import chain_by_steps
 from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.specials import ControlTexts
@@ -125,6 +126,9 @@ class FakeModel:
         self.argmax_calls += 1
         top = finite_argmax(self.decode(tokens, n_logits))
         return None if top is None else top.tolist()
+
+    def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
+        return chain_by_steps(self, tokens, k, stop)
 
     def rollback(self, n_keep: int) -> None:
         assert n_keep >= 0

@@ -220,3 +220,15 @@ def test_cancellation_leaves_both_caches_consistent() -> None:
     # The prefill evaluated nothing: the cache already held ctx[:-1].
     assert target.decoded_tokens - before == sum(len(s.drafted) + 1 for s in gen2.result.steps)
 
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=700), st.data())
+def test_first_difference_finds_the_first_differing_index(a: list[int], data: st.DataObject) -> None:
+    """The cache's common prefix (engine/kv_cache.py): where two token lists first differ, found from the end."""
+    from specdec_cli.engine.kv_cache import first_difference
+
+    i = data.draw(st.integers(0, len(a) - 1))
+    tail = data.draw(st.lists(st.integers(0, 3), min_size=len(a) - i - 1, max_size=len(a) - i - 1))
+    b = [*a[:i], a[i] + 1, *tail]
+    assert first_difference(a, b, len(a)) == i == first_difference(b, a, len(a))

@@ -19,6 +19,7 @@ import numpy as np
 from specdec_cli.engine import kernels
 from specdec_cli.engine.backend_argmax import BackendArgmax
 from specdec_cli.engine.gguf import ModelInfo, check_context_fits, check_gguf_file, model_info
+from specdec_cli.engine.kv_cache import CacheMethods
 from specdec_cli.engine.llama_batch import LlamaBatch
 from specdec_cli.engine.native import (
     bindings,
@@ -29,6 +30,7 @@ from specdec_cli.engine.native import (
     out_of_memory,
     usable_cores,
 )
+from specdec_cli.engine.protocol import chain_by_steps
 from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.vocab import Vocab, VocabMethods
@@ -37,7 +39,7 @@ from specdec_cli.errors import ContextError, ModelFileError, RpcError, Unsupport
 _NO_ROWS = np.empty((0, 0), dtype=np.float32)  # `_decode(view=False)`: the logits are not read
 
 
-class Model(VocabMethods):
+class Model(VocabMethods, CacheMethods):
     """One GGUF model and (unless `vocab_only`) one llama.cpp context for it. With `n_seq` = 1 the cache is one
     sequence and `tokens` lists what it holds. With `n_seq` > 1 (continuous batching, engine/batch/) it holds
     `n_seq` sequences of `n_ctx` tokens, each in its own KV stream (llama.cpp's non-unified cache) unless
@@ -208,6 +210,25 @@ class Model(VocabMethods):
         self._decode(tokens, n_logits, 0, view=False)
         return a.tokens(n_logits)
 
+    def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
+        """Greedy drafting: decode `tokens` (sequence 0), take the argmax, decode it, and so on until `k` tokens or
+        one in `stop` (the last one is not decoded). None: a row not finite (`decode_argmax`). Once the argmax runs
+        in the graph, a one-token start runs the whole chain in one call into llama.cpp (patch 0006): between
+        two of a draft's decodes no Python runs, the most of a draft model's host time (docs/design.md#host-time)."""
+        a, held = self._argmax, self.seq_tokens[0]
+        if a is None or not a.on or a.chain is None or len(tokens) != 1:
+            return chain_by_steps(self, tokens, k, stop)
+        self._check_room(0, 1)
+        t0 = time.perf_counter()
+        out, status = a.chain(self._batch.handle, tokens[0], len(held), min(k, self.n_ctx - len(held)), stop)
+        self.decode_seconds += time.perf_counter() - t0
+        done = [tokens[0], *out][: len(out)]  # decoded: the start and every token written but the last
+        held.extend(done)
+        self.decoded_tokens += len(done)
+        if status != 0:
+            self._failed(status, (0,))
+        return out
+
     def _decode(self, tokens: Sequence[int], n_logits: int, seq: int, view: bool = True) -> np.ndarray:
         """`decode`; `view` False: no logits view made (nobody reads them), an empty array returned."""
         n = len(tokens)
@@ -280,14 +301,20 @@ class Model(VocabMethods):
         C.llama_synchronize(self._ctx)
         self.decode_seconds += time.perf_counter() - t0
         if ret != 0:
-            # llama_decode leaves the cache as it was for a failed ubatch; resynchronise our view of it.
-            for seq in seqs:
-                self._resync(seq)
-            if ret == 1:
-                held = max(len(self.seq_tokens[s]) for s in seqs)
-                raise ContextError(f"no room left in the KV cache at {held} tokens (--ctx-size {self.n_ctx})")
-            raise UnsupportedModelError(f"llama_decode failed with code {ret}")
+            self._failed(ret, seqs)
         self.decoded_tokens += n_tokens
+
+    def _failed(self, ret: int, seqs: tuple[int, ...]) -> None:
+        if ret == BackendArgmax.NO_TOKEN:  # that decode went in, its token did not come out: forget the cell
+            self._C.llama_memory_seq_rm(self._mem, seqs[0], len(self.seq_tokens[seqs[0]]), -1)
+            raise RuntimeError(f"llama.cpp sampled no token after {self.path.name}'s decode (backend sampling)")
+        # llama_decode leaves the cache as it was for a failed ubatch; resynchronise our view of it.
+        for seq in seqs:
+            self._resync(seq)
+        if ret == 1:
+            held = max(len(self.seq_tokens[s]) for s in seqs)
+            raise ContextError(f"no room left in the KV cache at {held} tokens (--ctx-size {self.n_ctx})")
+        raise UnsupportedModelError(f"llama_decode failed with code {ret}")
 
     def set_hidden(self, on: bool) -> None:
         """llama.cpp's embeddings output on or off (engine/heads.py). With it on, every token of a batch is an
@@ -304,66 +331,6 @@ class Model(VocabMethods):
     def n_embd(self) -> int:
         """The width of its hidden states."""
         return int(self._C.llama_model_n_embd(self._model))
-
-    def _resync(self, seq: int = 0) -> None:
-        pos_max = int(self._C.llama_memory_seq_pos_max(self._mem, seq))
-        del self.seq_tokens[seq][pos_max + 1 :]
-
-    def rollback(self, n_keep: int, seq: int = 0) -> None:
-        """Forget every cached position from `n_keep` on."""
-        tokens = self.seq_tokens[seq]
-        if n_keep >= len(tokens):
-            return
-        self._context()
-        ok = self._C.llama_memory_seq_rm(self._mem, seq, n_keep, -1)
-        if not ok:
-            raise UnsupportedModelError(f"{self.path.name}: this architecture cannot roll its cache back (recurrent or "
-                                        "hybrid model); speculative decoding needs that, so run it with --no-draft")  # fmt: skip
-        del tokens[n_keep:]
-
-    def move_seq(self, src: int, dst: int) -> None:
-        """Move `src`'s cache to `dst` (dropping `dst`'s), leaving `src` empty. llama.cpp copies the whole KV stream
-        cell for cell as the next decode starts, before it places a token: `dst` computes bit for bit as `src`."""
-        self._context()
-        C = self._C  # noqa: N806
-        C.llama_memory_seq_rm(self._mem, dst, -1, -1)
-        C.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
-        C.llama_memory_seq_rm(self._mem, src, -1, -1)
-        self.seq_tokens[dst][:] = self.seq_tokens[src]
-        self.seq_tokens[src].clear()
-
-    def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
-        """How many leading tokens the cache already holds (called every step: no Python loop)."""
-        held = self.seq_tokens[seq]
-        n = min(len(tokens), len(held))
-        head = tokens if n == len(tokens) and isinstance(tokens, list) else list(tokens[:n])  # no copy if whole
-        if (held if n == len(held) else held[:n]) == head:
-            return n
-        diff = np.flatnonzero(np.asarray(held[:n]) != np.asarray(tokens[:n]))
-        return int(diff[0])
-
-    def sync(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
-        """Make the cache hold exactly `tokens` and return the last logits.
-
-        Only the tokens after the common prefix are evaluated. At least one
-        token is always (re)decoded so that fresh logits exist.
-        """
-        keep = min(self.common_prefix(tokens), len(tokens) - n_logits)
-        self.rollback(keep)
-        return self.decode(tokens[keep:], n_logits)
-
-    def prefill(self, tokens: Sequence[int], seq: int = 0) -> None:
-        """Make the cache hold exactly `tokens` (no logits needed); reuse the common prefix."""
-        keep = self.common_prefix(tokens, seq)
-        self.rollback(keep, seq)
-        if keep < len(tokens):
-            self._decode(tokens[keep:], 1, seq, view=False)  # logits unread: a greedy sampler may stay attached
-
-    def reset(self) -> None:
-        self._context()
-        self._C.llama_memory_clear(self._mem, True)
-        for tokens in self.seq_tokens:
-            tokens.clear()
 
     # --------------------------------------------------------------- cleanup
     def abandon(self) -> None:

@@ -58,6 +58,11 @@ class LanguageModel(Protocol):
         its business: `Model` in llama.cpp's graph); None where a row is not finite."""
         ...
 
+    def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
+        """Greedy drafting: decode `tokens`, then each argmax in turn, until `k` tokens or one in `stop` (that
+        last one not decoded); None where a row is not finite. `chain_by_steps` is the plain version."""
+        ...
+
     def rollback(self, n_keep: int) -> None:
         """Forget every cached position from `n_keep` on."""
         ...
@@ -140,3 +145,13 @@ class ModelOpener(Protocol):
     def __call__(self, path: str | os.PathLike[str], *, n_ctx: int = ..., n_threads: int | None = ...,
                  n_gpu_layers: int = ..., vocab_only: bool = ..., n_seq: int = ...,
                  unified: bool = ..., placement: Placement | None = ..., exact: bool = ...) -> LoadedModel: ...  # fmt: skip
+
+
+def chain_by_steps(model: LanguageModel, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
+    """`argmax_chain` as one `decode_argmax` per token (a model with no faster way)."""
+    top = model.decode_argmax(tokens)
+    out = top[:1] if top is not None else None
+    while out is not None and len(out) < k and out[-1] not in stop:
+        top = model.decode_argmax(out[-1:])
+        out = out + top[:1] if top is not None else None
+    return out

@@ -88,7 +88,7 @@ class ModelDrafter:
     def _fresh(self, context: Sequence[int]) -> Sequence[int] | None:
         """Roll the cache back to what it shares with `context`; the tokens left to decode (None: one it cannot
         read, a padded target token)."""
-        ctx = context[self.offset :]
+        ctx = context[self.offset :] if self.offset else context  # a copy of the whole context only when needed
         keep = min(self.model.common_prefix(ctx), len(ctx) - 1)
         if self.window is not None and len(ctx) - keep > self.window:
             self.offset = len(context) - self.window
@@ -127,15 +127,11 @@ class ModelDrafter:
         if fresh is None:
             return Proposal(k=req.k, source=MODEL)
         t0 = self.model.decode_seconds
-        top = self.model.decode_argmax(fresh)
+        drafted = self.model.decode_argmax(fresh)
         self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
-        drafted: list[int] = []
-        for j in range(req.k):
-            if top is None:
-                raise non_finite(self.model)
-            tok = top[0]
-            drafted.append(tok)
-            if tok in req.stop_ids or j == req.k - 1:
-                break
-            top = self.model.decode_argmax([tok])
+        if drafted is not None and req.k > 1 and drafted[0] not in req.stop_ids:
+            rest = self.model.argmax_chain(drafted, req.k - 1, req.stop_ids)
+            drafted = None if rest is None else drafted + rest
+        if drafted is None:
+            raise non_finite(self.model)
         return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, MODEL)
