@@ -20,6 +20,7 @@ import argparse
 import re
 import statistics
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,49 @@ def one_run(spec: api.Speculator, prompt: str, n: int, config: dict[str, Any]) -
             "host_ms_per_step": (s.wall_seconds - inside) / steps * 1000,
             "sampling_ms_per_step": s.seconds.sampling / steps * 1000, "other_ms_per_step": s.seconds.other / steps * 1000,
             "decode_ms_per_step": (s.seconds.draft_decode + s.seconds.target_decode) / steps * 1000}  # fmt: skip
+
+
+# What a model:4 step runs outside llama_decode, part by part (docs/design.md#host-time): each a method timed by a
+# wrapper, less the time its model spent inside llama_decode meanwhile. Inclusive: `verify` holds the target's
+# rollback and `_emit`; the draft's `_fresh` its common prefix and rollback.
+PARTS = {
+    "draft: catch up (common prefix, rollback)": ("specdec_cli.engine.drafters.model", "ModelDrafter", "_fresh"),
+    "draft: its K tokens (llama_specdec_argmax_chain)": ("specdec_cli.engine.model", "Model", "argmax_chain"),
+    "a decode's own Python (draft catch-up, target batch)": ("specdec_cli.engine.model", "Model", "decode_argmax"),
+    "verification (argmax compare, rollback, emit, the step's record)": ("specdec_cli.engine.speculative",
+                                                                         "SpeculativeGenerator", "verify"),
+    "emitted tokens' text": ("specdec_cli.engine.speculative", "SpeculativeGenerator", "_emit"),
+}  # fmt: skip
+
+
+def parts(spec: api.Speculator, n: int) -> dict[str, Any]:
+    """Microseconds per model:4 step in each of PARTS (the wrappers' own cost included), over the prompts."""
+    import importlib
+
+    spent = dict.fromkeys(PARTS, 0.0)
+    originals = []
+    for label, (module, cls_name, name) in PARTS.items():
+        cls = getattr(importlib.import_module(module), cls_name)
+        original = getattr(cls, name)
+        originals.append((cls, name, original))
+
+        def timed(self: Any, *a: Any, _f: Any = original, _label: str = label, **k: Any) -> Any:
+            model = getattr(self, "model", None) or getattr(self, "target", None) or self
+            d0, t0 = model.decode_seconds, time.perf_counter()
+            try:
+                return _f(self, *a, **k)
+            finally:
+                spent[_label] += time.perf_counter() - t0 - (model.decode_seconds - d0)
+
+        setattr(cls, name, timed)
+    steps = 0
+    try:
+        for prompt in PROMPTS:
+            steps += spec.generate(prompt, max_tokens=n, temperature=0, **CONFIGS["model:4"]).stats.steps
+    finally:
+        for cls, name, original in originals:
+            setattr(cls, name, original)
+    return {"steps": steps, "us_per_step": {label: round(v / steps * 1e6, 1) for label, v in spent.items()}}
 
 
 def llama_cpp(bin_dir: Path, spec: api.Speculator, n: int, threads: int) -> dict[str, float]:
@@ -91,6 +135,7 @@ def main() -> None:
                 order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
                 for name in order:
                     runs[name].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+        profile = parts(spec, args.n)
         external = llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads) if args.llama_cpp_bin else {}
         files = {"target": spec.choice.target, "draft": spec.choice.draft}
     summary = {name: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]} for name, rs in runs.items()}
@@ -100,9 +145,11 @@ def main() -> None:
               f"{s['tokens_per_second']:.1f} tokens/s")  # fmt: skip
     for name, value in external.items():
         print(f"{name}: {value:.1f}")
+    for label, us in profile["us_per_step"].items():
+        print(f"model:4 part: {label}: {us:.1f} us/step")
     record.save(args, "host-time", threads=args.threads, models=files,
                 data={"settings": {"n": args.n, "repeats": args.repeats, "prompts": PROMPTS, "configs": CONFIGS},
-                      "medians": summary, "llama_cpp": external, "runs": runs})  # fmt: skip
+                      "medians": summary, "llama_cpp": external, "parts": profile, "runs": runs})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -174,9 +174,11 @@ def serve(name: str, base: str = "results/", servers: Sequence[str] | None = Non
         by_kernels.setdefault(data["servers"][label], []).append(label)
     kernels = "; ".join(f"{', '.join(names)}: {k}" for k, names in by_kernels.items())
     st = data["settings"]
-    note = (f"Pair `{st['pair']}`; each client sends {st['requests']} streamed greedy chat requests of "
-            f"{st['max_tokens']} tokens one after the other; aggregate tokens/s over the wall time, median time to "
-            f"first token. Kernels: {kernels}.")  # fmt: skip
+    length = (f"of up to {st['max_tokens']} tokens (a quarter answered in under 20, a quarter in one sentence, "
+              "half running to the limit)" if st.get("mix") == "short" else f"of {st['max_tokens']} tokens")
+    note = (f"Pair `{st['pair']}`; each client sends {st['requests']} streamed greedy chat requests {length} "
+            f"one after the other; aggregate tokens/s over the wall time, median time to first token. Kernels: "
+            f"{kernels}.")  # fmt: skip
     if costs := data.get("costs"):  # measured before the servers started: the machine's speed drifts after
         note += f" Calibrated before the servers started: a target token {costs['target_ms']:.1f} ms"
         note += f", c(9) {costs['batch']['9']:.2f}" if "9" in costs.get("batch", {}) else ""
@@ -299,6 +301,27 @@ def screen(name: str, base: str = "results/") -> str:
     data = load(name)
     screen = "\n".join(line.rstrip() for line in data["screen"].rstrip().splitlines())
     return f"```text\n{screen}\n```\n\n{caption(data, name, base)}\n"
+
+
+# ------------------------------------------------------------------ benchmarks.host_time
+def host_time(name: str, base: str = "results/") -> str:
+    """Host time per step (outside llama_decode) by configuration, llama.cpp's programs beside, and a model:4
+    step's parts."""
+    data = load(name)
+    rows = [[label, f"{m['host_ms_per_step']:.3f} ms", f"{m['sampling_ms_per_step']:.3f} ms",
+             f"{m['other_ms_per_step']:.3f} ms", f"{m['decode_ms_per_step']:.2f} ms", f1(m["tokens_per_second"])]
+            for label, m in data["medians"].items()]  # fmt: skip
+    out = table(["greedy", "host per step", "drafting and verification maths", "the rest", "inside llama_decode",
+                 "tokens/s"], rows)  # fmt: skip
+    if data.get("llama_cpp"):
+        out += "\n\n" + table(["llama.cpp, same model and kernels", "tokens/s"],
+                              [[k, f1(v)] for k, v in data["llama_cpp"].items()])  # fmt: skip
+    if data.get("parts"):
+        out += "\n\n" + table(["a model:4 step's host time, part by part (inclusive, timing wrappers included)",
+                               "per step"], [[k, f"{v:.1f} us"] for k, v in data["parts"]["us_per_step"].items()])  # fmt: skip
+    s = data["settings"]
+    return render(data, name, out + f"\n\n{s['repeats']} repeats of {len(s['prompts'])} prompts, {s['n']} tokens "
+                  "each, medians.", base, None)  # fmt: skip
 
 
 # ------------------------------------------------------------------ benchmarks.kernels

@@ -75,6 +75,25 @@ SUBJECTS = [
 TEMPLATES = ("Write a detailed essay about {}, in several long paragraphs.",
              "Explain {} to a curious twelve-year-old, step by step.")  # both checked past 96 tokens on both targets
 PROMPTS = [t.format(s) for t in TEMPLATES for s in SUBJECTS]  # 128: 8 rounds of 8 clients x 2 requests
+# `--mix short`: answers of every length, as a chat server gets them. On the packaged targets, greedy, these
+# questions are answered in under 20 tokens, the one-sentence ones in 20 to 45, the rest run to --max-tokens;
+# a request's fixed costs (template, admission, the first and last chunk) weigh most on the short ones.
+QUESTIONS = [
+    "Answer in one word: which insect makes honey?", "What is the capital of France? Reply with the name only.",
+    "Reply with a single number: how many legs does a spider have?", "What colour is the sky on a clear day? One word.",
+    "Reply with a single number: how many days are in a week?", "What is the capital of Japan? Reply with the name only.",
+    "Answer in one word: what do cows drink?", "Reply with a single number: how many continents are there?",
+    "What is the opposite of hot? One word.", "What is the capital of Italy? Reply with the name only.",
+    "Answer in one word: which planet do we live on?", "Reply with a single number: how many hours are in a day?",
+    "What is frozen water called? One word.", "What is the capital of Spain? Reply with the name only.",
+    "Answer in one word: what animal barks?", "Reply with a single number: how many wheels does a bicycle have?",
+    "What is the largest ocean? Reply with the name only.", "Answer in one word: what gas do plants breathe in?",
+    "Reply with a single number: how many months are in a year?", "What is the capital of Germany? Name only.",
+    "Answer in one word: what is the colour of grass?", "Reply with a single number: how many sides has a triangle?",
+    "What do bees live in? One word.", "What is the capital of Egypt? Reply with the name only.",
+]  # fmt: skip
+SENTENCES = [f"In one short sentence, what is {s}?" for s in SUBJECTS]
+MIXED = [p for quad in zip(QUESTIONS, PROMPTS[::2], SENTENCES, PROMPTS[1::2], strict=False) for p in quad]  # 96
 CTX = 4096  # per slot
 
 
@@ -281,6 +300,9 @@ def main() -> None:
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--mix", choices=("long", "short"), default="long",
+                    help="long: every answer runs to --max-tokens (the same work on every server); short: a quarter "
+                         "answered in under 20 tokens, a quarter in one sentence, half long (a request's own costs)")
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-server (else specdec only)")
     ap.add_argument("--specdec-parallel", type=int, default=0,
                     help="specdec's --parallel (0: its default, 4, or as many slots as clients where more)")
@@ -300,6 +322,8 @@ def main() -> None:
     record.add_option(ap)
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
+    if args.mix == "short":
+        PROMPTS[:] = MIXED
     if (need := max(clients) * args.requests * args.rounds) > len(PROMPTS):  # a prompt sent again finds its answer
         ap.error(f"{args.rounds} rounds of {max(clients)} clients x {args.requests} requests need {need} prompts; "
                  f"there are {len(PROMPTS)}: fewer rounds or requests")
@@ -393,7 +417,7 @@ def main() -> None:
             if ("specdec auto", c) in results and ("specdec --no-draft", c) in results}  # fmt: skip
     record.save(args, "serve", threads=2, models={"target": target, "draft": draft}, data={
         "settings": {"pair": args.pair or "default", "clients": clients, "requests": args.requests,
-                     "max_tokens": args.max_tokens, "rounds": args.rounds, "ctx_per_slot": CTX,
+                     "max_tokens": args.max_tokens, "mix": args.mix, "rounds": args.rounds, "ctx_per_slot": CTX,
                      "specdec_parallel": args.specdec_parallel or "max(4, clients)"},
         "servers": {label: kernels_of(label, target) for label in servers}, "costs": costs, "rounds": runs_out(rounds),
         "same_text_with_and_without_drafts": same})  # fmt: skip
