@@ -90,6 +90,17 @@ def ms(x: float) -> str:
     return f"{x * 1000:.0f} ms"
 
 
+def pair_label(data: dict[str, Any]) -> str:
+    """The pair a results file measured: its name, or for the default pair (which has changed over time) the
+    files the stamp names."""
+    pair = data["settings"].get("pair", "default")
+    if pair != "default":
+        return f"`{pair}`"
+    models = data["stamp"].get("models", {})
+    target, draft = (models.get(k, {}).get("file") for k in ("target", "draft"))
+    return f"`{target}` drafted by `{draft}` (the default pair then)" if draft else f"`{target}` (the default then)"
+
+
 def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -176,7 +187,7 @@ def serve(name: str, base: str = "results/", servers: Sequence[str] | None = Non
     st = data["settings"]
     length = (f"of up to {st['max_tokens']} tokens (a quarter answered in under 20, a quarter in one sentence, "
               "half running to the limit)" if st.get("mix") == "short" else f"of {st['max_tokens']} tokens")
-    note = (f"Pair `{st['pair']}`; each client sends {st['requests']} streamed greedy chat requests {length} "
+    note = (f"Pair {pair_label(data)}; each client sends {st['requests']} streamed greedy chat requests {length} "
             f"one after the other; aggregate tokens/s over the wall time, median time to first token. Kernels: "
             f"{kernels}.")  # fmt: skip
     if costs := data.get("costs"):  # measured before the servers started: the machine's speed drifts after
@@ -237,7 +248,7 @@ def repeats(name: str, base: str = "results/") -> str:
     header = ["server", "first asks tok/s", "repeats", "controls", "repeats / first asks",
               "repeats vs specdec --no-draft", "controls vs --no-draft", "same text as its plain run"]
     st = data["settings"]
-    note = (f"Pair `{st['pair']}`; one client, one slot, {len(st['workload'])} greedy streamed requests of up to "
+    note = (f"Pair {pair_label(data)}; one client, one slot, {len(st['workload'])} greedy streamed requests of up to "
             f"{st['max_tokens']} tokens sent to every server in turn; completion tokens over end-to-end time.")
     if data.get("lookup_bound"):
         note += (f" The most any lookup drafting could give on these repeats at this machine's batch costs "
@@ -266,7 +277,7 @@ def rpc(name: str, base: str = "results/") -> str:
     if "llama-server" in servers:
         header.append("llama-server -md / plain")
     st = data["settings"]
-    note = (f"Pair `{st['pair']}`; the target on {st['rpc_servers']} RPC servers on this machine, reached through a "
+    note = (f"Pair {pair_label(data)}; the target on {st['rpc_servers']} RPC servers on this machine, reached through a "
             f"delay proxy; {len(st['prompts'])} greedy streamed requests of up to {st['max_tokens']} tokens.")
     return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
 
@@ -494,7 +505,7 @@ def fair_slots(name: str, base: str = "results/") -> str:
         return spread([r["gaps"]["copy_tokens_per_step"][where] for r in data["rounds"] if r["server"] == label
                        and r["gaps"]["copy_tokens_per_step"][where]], f1)  # fmt: skip
 
-    note = (f"Pair `{st['pair']}`. {interleaved}Aggregate tokens/s of the plain stream and the drafting request, fair over "
+    note = (f"Pair {pair_label(data)}. {interleaved}Aggregate tokens/s of the plain stream and the drafting request, fair over "
             f"no-fair, in the runs above, a minute apart: {spread(share('aggregate_tokens_per_second'), ratio)}; the "
             f"same with the copying request drafting nothing: {spread(share('control_aggregate_tokens_per_second'), ratio)}. The copying request ({spread([r['gaps']['copy_tokens'] for r in data['rounds']], f1)} "
             f"tokens) emitted tokens per step alone: {per_step('fair', 'alone')}; beside the plain stream, fair: "
@@ -518,7 +529,7 @@ def fair_cost(names: Sequence[str], base: str = "results/") -> str:
                              for r in data["rows"] if r["drafter"] == d], ratio) for d in ("auto", "none")}  # fmt: skip
         per_step = {k: spread([r[k]["copy_tokens_per_step"] for r in data["rows"] if r["drafter"] == "auto"], f1)
                     for k in ("fair", "no-fair")}  # fmt: skip
-        rows.append([f"`{st['pair']}`", f"**{cost['auto']}**", cost["none"], per_step["fair"], per_step["no-fair"],
+        rows.append([pair_label(data), f"**{cost['auto']}**", cost["none"], per_step["fair"], per_step["no-fair"],
                      "yes" if data["same_texts"] else "**no**"])  # fmt: skip
         captions.append(caption(data, name, base))
     header = ["pair", "aggregate tok/s, fair / no-fair: the copying request drafting (auto)",
