@@ -523,8 +523,6 @@ def fair_cost(names: Sequence[str], base: str = "results/") -> str:
     rows, captions = [], []
     for name in names:
         data = load(name)
-        st = data["settings"]
-
         cost = {d: interval([r["fair"]["tokens_per_second"] / r["no-fair"]["tokens_per_second"]
                              for r in data["rows"] if r["drafter"] == d], ratio) for d in ("auto", "none")}  # fmt: skip
         per_step = {k: spread([r[k]["copy_tokens_per_step"] for r in data["rows"] if r["drafter"] == "auto"], f1)
