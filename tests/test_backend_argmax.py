@@ -40,3 +40,34 @@ def test_greedy_and_sampled_runs_take_turns_on_one_context(smol_path: Path) -> N
     with Model(smol_path, n_ctx=512, n_threads=2) as plain:  # the numpy path only: logits read every step
         plain._argmax = None
         assert generate(plain, None, prompt, greedy).token_ids == runs[0]
+
+
+def test_a_tie_goes_to_the_first_maximum_wherever_the_argmax_runs(smol_path: Path, tmp_path: Path) -> None:
+    """Two tokens whose logits are equal and the largest: numpy's argmax takes the first, and so must the graph's
+    (patch 0007: stock llama.cpp's CPU argmax took the last), or the first step of a run (read with numpy) and
+    the rest (in the graph) would break the tie two ways. The model's output rows are its token embeddings
+    (tied): a copy whose last row repeats the greedy token's row gives the tie."""
+    import shutil
+
+    from gguf import GGUFReader
+
+    with Model(smol_path, n_ctx=256, n_threads=2) as m:
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        first = int(np.argmax(m.decode(ids)[-1]))
+        last = m.n_vocab - 1
+    assert first < last and last not in ids
+    tied = tmp_path / "tied.gguf"
+    shutil.copy(smol_path, tied)
+    rows = next(t for t in GGUFReader(str(tied), "r+").tensors if t.name == "token_embd.weight").data
+    rows[last] = rows[first]
+    rows.flush()
+    del rows
+    with Model(tied, n_ctx=256, n_threads=2) as m:
+        logits = m.decode(ids)[-1]
+        assert logits[last] == logits[first] == logits.max()
+        m.rollback(0)
+        assert m.decode_argmax(ids) == [first]  # numpy's (the first decode_argmax of a context)
+        m.rollback(0)
+        assert m.decode_argmax(ids) == [first] and m._argmax is not None and m._argmax.on  # the graph's
+        m.rollback(len(ids) - 1)
+        assert m.argmax_chain(ids[-1:], 1, frozenset()) == [first]  # patch 0006's loop, the graph's argmax
