@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 
 from specdec_cli.api import Speculator
+from specdec_cli.engine import native
 from specdec_cli.engine.model import Model
 from specdec_cli.models import packaged
 from specdec_cli.models.loading import ModelChoice
 
 N_CTX = 1024
-THREADS = 2
+# Threads for the models tests load: two (these machines' cores), fewer where other work keeps cores busy as the
+# session starts. With a second load on both cores, two threads made a decode crawl (engine/native.py,
+# default_threads), and the suite with it; a token's logits are the same at any thread count (test_threads.py).
+THREADS = min(2, native.default_threads()[0])
 
 # A test that asks for one of these loads or derives a real GGUF model: it is `slow` (minutes in all).
 REAL_MODEL_FIXTURES = frozenset({

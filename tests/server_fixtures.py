@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from tests.conftest import THREADS
+
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 
 
@@ -42,7 +44,7 @@ class LiveServer:
 
 @contextmanager
 def live_server(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Iterator[LiveServer]:
-    cmd = [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", "--threads", "2", *args]
+    cmd = [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", "--threads", str(THREADS), *args]
     environ = {**os.environ, "SPECDEC_CALIBRATE": "0", **(env or {})}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=environ)
     lines: list[str] = []

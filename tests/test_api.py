@@ -15,7 +15,7 @@ from specdec_cli import api
 from specdec_cli.engine.events import Prefill, Step
 from specdec_cli.engine.model import Model
 from specdec_cli.errors import SpecdecError, UsageError
-from tests.conftest import wrap
+from tests.conftest import THREADS, wrap
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Name three rivers in Europe."
@@ -42,7 +42,7 @@ def test_generate_matches_specdec_run_json(smol_path: Path, smol_q2k_path: Path)
     """The same generation through `python -c` and through the CLI: same tokens, same stats fields."""
     code = (
         "import json; from specdec_cli import api\n"
-        f"with api.load({str(smol_path)!r}, {str(smol_q2k_path)!r}, n_ctx=1024, n_threads=2) as s:\n"
+        f"with api.load({str(smol_path)!r}, {str(smol_q2k_path)!r}, n_ctx=1024, n_threads={THREADS}) as s:\n"
         f"    g = s.generate({PROMPT!r}, max_tokens=24)\n"
         "    print(json.dumps({'ids': g.token_ids, 'stats': sorted(g.stats.as_dict()), 'why': g.stop_reason}))\n"
     )
@@ -51,7 +51,7 @@ def test_generate_matches_specdec_run_json(smol_path: Path, smol_q2k_path: Path)
     via_api = json.loads(proc.stdout)
     cli = subprocess.run(
         [sys.executable, "-m", "specdec_cli", "run", PROMPT, "--target", str(smol_path), "--draft",
-         str(smol_q2k_path), "-n", "24", "--ctx-size", "1024", "--threads", "2", "--json"],
+         str(smol_q2k_path), "-n", "24", "--ctx-size", "1024", "--threads", str(THREADS), "--json"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr
@@ -149,7 +149,7 @@ def test_bad_values_are_usage_errors(smol: Model, smol_q2k: Model) -> None:
 def test_close_and_failed_loads_free_the_models(
     smol_path: Path, smol_q2k_path: Path, truncated_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with api.load(smol_path, smol_q2k_path, n_ctx=256, n_threads=2) as spec:
+    with api.load(smol_path, smol_q2k_path, n_ctx=256, n_threads=THREADS) as spec:
         assert spec.generate("Hi", max_tokens=2).token_ids
         target, draft = spec.target, spec.draft
     assert target._model is None and target._ctx is None

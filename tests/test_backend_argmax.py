@@ -10,12 +10,13 @@ import numpy as np
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import generate
+from tests.conftest import THREADS
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where"
 
 
 def test_in_graph_argmax_is_numpys_argmax_of_the_logits(smol_path: Path) -> None:
-    with Model(smol_path, n_ctx=512, n_threads=2) as a, Model(smol_path, n_ctx=512, n_threads=2) as b:
+    with Model(smol_path, n_ctx=512, n_threads=THREADS) as a, Model(smol_path, n_ctx=512, n_threads=THREADS) as b:
         ids = a.tokenize(TEXT, add_special=True, parse_special=False)
         first = a.decode_argmax(ids[:4])  # the numpy path: it sees the logits finite
         assert a._argmax is not None and not a._argmax.on
@@ -30,14 +31,14 @@ def test_in_graph_argmax_is_numpys_argmax_of_the_logits(smol_path: Path) -> None
 
 def test_greedy_and_sampled_runs_take_turns_on_one_context(smol_path: Path) -> None:
     """Attaching, detaching and attaching again (a chain is set up once per context: a new one each time)."""
-    with Model(smol_path, n_ctx=512, n_threads=2) as m:
+    with Model(smol_path, n_ctx=512, n_threads=THREADS) as m:
         prompt = m.tokenize(TEXT, add_special=True, parse_special=False)
         greedy = GenerateOptions(adaptive=False, max_tokens=12)
         sampled = GenerateOptions(adaptive=False, max_tokens=12, temperature=0.8, seed=1)
         runs = [generate(m, None, prompt, cfg).token_ids for cfg in (greedy, sampled, greedy, sampled, greedy)]
         assert m._argmax is not None and m._argmax.on  # the last run was greedy
         assert runs[0] == runs[2] == runs[4] and runs[1] == runs[3]
-    with Model(smol_path, n_ctx=512, n_threads=2) as plain:  # the numpy path only: logits read every step
+    with Model(smol_path, n_ctx=512, n_threads=THREADS) as plain:  # the numpy path only: logits read every step
         plain._argmax = None
         assert generate(plain, None, prompt, greedy).token_ids == runs[0]
 
@@ -51,7 +52,7 @@ def test_a_tie_goes_to_the_first_maximum_wherever_the_argmax_runs(smol_path: Pat
 
     from gguf import GGUFReader
 
-    with Model(smol_path, n_ctx=256, n_threads=2) as m:
+    with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
         ids = m.tokenize(TEXT, add_special=True, parse_special=False)
         first = int(np.argmax(m.decode(ids)[-1]))
         last = m.n_vocab - 1
@@ -62,7 +63,7 @@ def test_a_tie_goes_to_the_first_maximum_wherever_the_argmax_runs(smol_path: Pat
     rows[last] = rows[first]
     rows.flush()
     del rows
-    with Model(tied, n_ctx=256, n_threads=2) as m:
+    with Model(tied, n_ctx=256, n_threads=THREADS) as m:
         logits = m.decode(ids)[-1]
         assert logits[last] == logits[first] == logits.max()
         m.rollback(0)

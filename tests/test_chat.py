@@ -16,11 +16,11 @@ from specdec_cli.cli import app
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.model import Model
 from specdec_cli.errors import UnsupportedModelError, UsageError
-from tests.conftest import wrap
+from tests.conftest import THREADS, wrap
 from tests.fakes import open_fake
 
 cli = CliRunner()
-FAST = ["--ctx-size", "1024", "--threads", "2", "-n", "24", "--drafter", "model"]
+FAST = ["--ctx-size", "1024", "--threads", str(THREADS), "-n", "24", "--drafter", "model"]
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ import sys
 import pexpect
 import pytest
 
+from tests.conftest import THREADS
+
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -18,7 +20,7 @@ def test_chat_session_in_a_pty(tmp_path) -> None:  # type: ignore[no-untyped-def
     env.update(TERM="xterm-256color", XDG_DATA_HOME=str(tmp_path), PROMPT_TOOLKIT_NO_CPR="1")
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "specdec_cli", "chat", "-n", "300", "--ctx-size", "2048", "--threads", "2", "--drafter", "model"],
+        ["-m", "specdec_cli", "chat", "-n", "300", "--ctx-size", "2048", "--threads", str(THREADS), "--drafter", "model"],
         env=env,
         dimensions=(40, 120),
         encoding="utf-8",

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
+from tests.conftest import THREADS
 
 runner = CliRunner()
-FAST = ["--ctx-size", "512", "--threads", "2"]
+FAST = ["--ctx-size", "512", "--threads", str(THREADS)]
 
 
 def run(*args: str, input: str | None = None) -> Any:
@@ -106,7 +107,7 @@ def test_plain_output_when_not_a_terminal() -> None:
 
 
 def test_context_running_out_keeps_text() -> None:
-    res = run("1, 2, 3, 4, 5, 6, 7, 8, 9,", "--raw", "--json", "-n", "500", "--ctx-size", "48", "--threads", "2")
+    res = run("1, 2, 3, 4, 5, 6, 7, 8, 9,", "--raw", "--json", "-n", "500", "--ctx-size", "48", "--threads", str(THREADS))
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["stop_reason"] == "context" and out["text"]
@@ -140,7 +141,7 @@ def test_a_pair_with_different_tokenizers_is_accepted_with_a_note(smol_path: Pat
 
 
 def test_prompt_longer_than_context() -> None:
-    res = run("word " * 100, "--raw", "--ctx-size", "32", "--threads", "2")
+    res = run("word " * 100, "--raw", "--ctx-size", "32", "--threads", str(THREADS))
     assert_one_line_error(res, 1, "--ctx-size")
 
 
@@ -219,7 +220,7 @@ def bench(*args: str) -> Any:
 def test_bench_json_compares_configurations_side_by_side() -> None:
     res = bench(
         "--configs", "target,ngram:auto,model:2", "--category", "input-grounded", "--repeats", "1", "--warmup", "0",
-        "-n", "24", "--threads", "2", "--ctx-size", "1024", "--ngram-draft-max", "8", "--json",
+        "-n", "24", "--threads", str(THREADS), "--ctx-size", "1024", "--ngram-draft-max", "8", "--json",
     )  # fmt: skip
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)

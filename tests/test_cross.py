@@ -25,6 +25,7 @@ from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.engine.stats import Stats
 from tests import distribution
+from tests.conftest import THREADS
 
 PROMPTS = {
     "code": "def fibonacci(n):\n    ",
@@ -42,7 +43,7 @@ CROSS_PROMPT = "日本の首都は"  # less than half the draft's mass is in the
 
 @pytest.fixture(scope="module")
 def smol_draft(smol_path: Path) -> Iterator[Model]:
-    m = Model(smol_path, n_ctx=1024, n_threads=2)  # its own context: the `smol` fixture may be a target
+    m = Model(smol_path, n_ctx=1024, n_threads=THREADS)  # its own context: the `smol` fixture may be a target
     yield m
     m.close()
 
@@ -157,7 +158,7 @@ def test_run_accepts_the_pair_and_says_so_once(gemma_path: Path, smol_path: Path
     import json
 
     base = ["run", "--raw", PROMPTS["prose"], "--target", str(gemma_path), "-n", "16", "--json",
-            "--ctx-size", "512", "--threads", "2"]  # fmt: skip
+            "--ctx-size", "512", "--threads", str(THREADS)]  # fmt: skip
     res = CliRunner().invoke(app, [*base, "--draft", str(smol_path), "--drafter", "model"], env={"SPECDEC_CALIBRATE": "0"})
     assert res.exit_code == 0, res.stderr
     notes = [line for line in res.stderr.splitlines() if "different tokenizer" in line]
@@ -171,7 +172,7 @@ def test_api_auto_and_model_drafters_on_the_cross_pair(gemma_path: Path, smol_pa
     """Through the API (which builds the cross drafter itself), greedy output is the target's for every drafter."""
     from specdec_cli import api
 
-    with api.load(gemma_path, smol_path, n_ctx=512, n_threads=2) as spec:
+    with api.load(gemma_path, smol_path, n_ctx=512, n_threads=THREADS) as spec:
         assert spec.cross and any("different tokenizer" in n for n in spec.notes)
         outputs = {d: spec.generate(PROMPTS["prose"], chat=False, max_tokens=N_TOKENS, drafter=d)
                    for d in ("none", "model", "auto", "ngram")}  # fmt: skip

@@ -22,6 +22,7 @@ from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.engine.stats import Stats
 from specdec_cli.errors import ContextError, ModelFileError
 from specdec_cli.models import packaged
+from tests.conftest import THREADS
 
 PROMPTS = [
     "Write a haiku about the sea.",  # creative
@@ -59,7 +60,7 @@ def test_smoke_decode_in_subprocess(which: str, smol_path: Path, gemma_path: Pat
     path = smol_path if which == "smol" else gemma_path
     code = (
         "from specdec_cli.engine.model import Model\n"
-        f"m = Model({str(path)!r}, n_ctx=256, n_threads=2)\n"
+        f"m = Model({str(path)!r}, n_ctx=256, n_threads={THREADS})\n"
         "rows = m.decode(m.tokenize('Hello', add_special=True, parse_special=True))\n"
         "import numpy as np; assert np.isfinite(rows).all(); print(int(rows[0].argmax()))\n"
     )
@@ -122,7 +123,7 @@ def test_invariant_flash_attention_computes_what_the_reference_kernels_do_up_to_
         real = kernels.choose
         kernels.choose = lambda *a, **k: (which, None)  # type: ignore[assignment]
         try:
-            return Model(smol_path, n_ctx=640, n_threads=2)
+            return Model(smol_path, n_ctx=640, n_threads=THREADS)
         finally:
             kernels.choose = real  # type: ignore[assignment]
 
@@ -162,7 +163,7 @@ def test_requantized_models_run_invariant_kernels_and_batches_equal_single_token
 
 
 def _batches_equal_single_tokens(path: Path, qtype: str) -> None:
-    with Model(path, n_ctx=256, n_threads=2) as m:
+    with Model(path, n_ctx=256, n_threads=THREADS) as m:
         assert m.kernels == kernels.INVARIANT, m.warnings
         assert kernels.batch_equals_single(m)  # what the load's probe ran (cached across runs), run here again
         toks = m.tokenize("Once upon a time, in a land far away, " * 8, add_special=True, parse_special=True)[:64]
@@ -319,7 +320,7 @@ def test_stops_on_eos_and_never_emits_it(smol: Model, smol_twin: Model) -> None:
 
 
 def test_context_fills_up_mid_generation(smol_path: Path, smol_q2k_path: Path) -> None:
-    with Model(smol_path, n_ctx=64, n_threads=2) as t, Model(smol_q2k_path, n_ctx=64, n_threads=2) as d:
+    with Model(smol_path, n_ctx=64, n_threads=THREADS) as t, Model(smol_q2k_path, n_ctx=64, n_threads=THREADS) as d:
         prompt = t.tokenize("1, 2, 3, 4, 5, 6, 7, 8, 9,", add_special=True, parse_special=True)
         res = generate(t, ModelDrafter(d), prompt, GenerateOptions(adaptive=False, max_tokens=500, draft_max=4))
         assert res.stop_reason == "context"
@@ -330,7 +331,7 @@ def test_context_fills_up_mid_generation(smol_path: Path, smol_q2k_path: Path) -
 
 
 def test_prompt_longer_than_context_is_refused(smol_path: Path) -> None:
-    with Model(smol_path, n_ctx=16, n_threads=2) as t:
+    with Model(smol_path, n_ctx=16, n_threads=THREADS) as t:
         prompt = t.tokenize("word " * 40, add_special=True, parse_special=True)
         with pytest.raises(ContextError, match="--ctx-size"):
             SpeculativeGenerator(t, None, prompt, GenerateOptions(adaptive=False))

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.comparison import Comparison
 from specdec_cli.models import registry
+from tests.conftest import THREADS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -31,7 +32,7 @@ def test_the_readme_first_run_shows_speculation_and_the_same_text(smol_path: Pat
     args = readme_first_run()
     assert "--compare" in args
     registry.user_models_toml().unlink()  # conftest's suite default: here, the shipped default
-    res = CliRunner().invoke(app, [*args, "--json", "--threads", "2"])
+    res = CliRunner().invoke(app, [*args, "--json", "--threads", str(THREADS)])
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["models"]["pair"] == registry.load().default == "smollm2-135m-f32-q4"
@@ -46,13 +47,13 @@ def test_the_readme_first_run_shows_speculation_and_the_same_text(smol_path: Pat
 
 def test_the_compare_line_says_what_was_compared(smol_path: Path) -> None:
     """Greedy: same text yes/no with where it differs; sampled: two draws, not compared token for token."""
-    res = CliRunner().invoke(app, ["run", "Name three rivers.", "-n", "12", "--compare", "--threads", "2"])
+    res = CliRunner().invoke(app, ["run", "Name three rivers.", "-n", "12", "--compare", "--threads", str(THREADS)])
     assert res.exit_code == 0, res.stderr
     line = res.stderr.strip().splitlines()[-1]
     assert re.fullmatch(r"compare: same text: yes \(\d+ tokens\) · [\d.]+ tokens/s, the target alone [\d.]+: [\d.]+x",
                         line), line  # fmt: skip
     res = CliRunner().invoke(app, ["run", "Name three rivers.", "-n", "12", "--compare", "--temp", "0.8", "--seed", "1",
-                                   "--json", "--threads", "2"])  # fmt: skip
+                                   "--json", "--threads", str(THREADS)])  # fmt: skip
     assert res.exit_code == 0, res.stderr
     c = json.loads(res.stdout)["comparison"]
     assert c["sampled"] is True and c["tokens_per_second"]["target_alone"] > 0
@@ -66,7 +67,7 @@ def test_a_difference_is_found_and_said(smol_path: Path) -> None:
     """The comparison itself: where two token lists first differ, one ending first included."""
     from specdec_cli.api import load
 
-    with load(n_ctx=256, n_threads=2) as spec:
+    with load(n_ctx=256, n_threads=THREADS) as spec:
         c = spec.compare("Say hi.", max_tokens=6)
     assert c.same_text and c.greedy and c.first_difference is None
     other = Comparison(c.speculative, dataclasses.replace(c.alone, token_ids=[*c.alone.token_ids[:3], -1]))

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from specdec_cli.engine import templates
 from specdec_cli.errors import SpecdecError
+from tests.conftest import THREADS
 
 ENV = {**os.environ, "SPECDEC_CALIBRATE": "0", "NO_COLOR": "1"}
 RUN_SECONDS = 60
@@ -31,7 +32,7 @@ FILE_SETTINGS = settings(
 
 
 def run_cli(path: Path) -> subprocess.CompletedProcess[str]:
-    args = ["run", "--raw", "hi", "--target", str(path), "--no-draft", "-n", "2", "--ctx-size", "64", "--threads", "2"]
+    args = ["run", "--raw", "hi", "--target", str(path), "--no-draft", "-n", "2", "--ctx-size", "64", "--threads", str(THREADS)]
     return subprocess.run([sys.executable, "-m", "specdec_cli", *args], capture_output=True, text=True,
                           timeout=RUN_SECONDS, env=ENV)  # fmt: skip
 

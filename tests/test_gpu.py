@@ -23,6 +23,7 @@ from specdec_cli.cli import app
 from specdec_cli.engine import kernels, native
 from specdec_cli.engine.settings import InvalidSetting, check_kernels
 from specdec_cli.errors import DeviceError
+from tests.conftest import THREADS
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETEND = native.Device("CUDA0", "Pretend GPU", 1000.0, 2000.0)
@@ -214,7 +215,7 @@ def test_a_gpu_target_is_probed_and_decodes_alone_where_the_probe_fails(verdict:
 
 
 def test_kernels_fast_is_said_in_the_summary_the_json_and_the_server_block(smol_path: Path) -> None:
-    base = ["run", "Name a colour.", "--target", str(smol_path), "-n", "6", "--ctx-size", "512", "--threads", "2"]
+    base = ["run", "Name a colour.", "--target", str(smol_path), "-n", "6", "--ctx-size", "512", "--threads", str(THREADS)]
     res = CliRunner().invoke(app, [*base, "--kernels", "fast", "--json"], env={"SPECDEC_CALIBRATE": "0"})
     assert res.exit_code == 0, res.stderr
     d = json.loads(res.stdout)

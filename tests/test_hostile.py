@@ -17,6 +17,7 @@ from specdec_cli.engine.model import Model
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.errors import ModelOutputError
+from tests.conftest import THREADS
 
 cli = CliRunner()
 PROMPT = "Tell me a short story about a lighthouse."
@@ -28,7 +29,7 @@ def _tokens(model: Model) -> list[int]:
 
 def test_the_corrupt_draft_really_produces_non_finite_logits(corrupt_draft_path: Path) -> None:
     """Not vacuous: the file loads, and its logits are NaN or infinite."""
-    with Model(corrupt_draft_path, n_ctx=256, n_threads=2) as m:
+    with Model(corrupt_draft_path, n_ctx=256, n_threads=THREADS) as m:
         rows = m.decode(_tokens(m))
         assert not np.isfinite(rows).all()
 
@@ -41,7 +42,7 @@ def test_corrupt_draft_is_dropped_and_the_output_is_the_targets(
     prompt = _tokens(smol)
     cfg = GenerateOptions(adaptive=False, max_tokens=24, draft_max=4, temperature=temperature, seed=3)
     alone = generate(smol, None, prompt, cfg)
-    with Model(corrupt_draft_path, n_ctx=1024, n_threads=2) as bad:
+    with Model(corrupt_draft_path, n_ctx=1024, n_threads=THREADS) as bad:
         gen = SpeculativeGenerator(smol, ModelDrafter(bad), prompt, cfg)
         events = list(gen.events())
     dropped = [e for e in events if isinstance(e, DrafterDropped)]
@@ -51,14 +52,14 @@ def test_corrupt_draft_is_dropped_and_the_output_is_the_targets(
 
 
 def test_corrupt_target_is_an_error_naming_the_file(corrupt_target_path: Path) -> None:
-    with Model(corrupt_target_path, n_ctx=256, n_threads=2) as bad:
+    with Model(corrupt_target_path, n_ctx=256, n_threads=THREADS) as bad:
         with pytest.raises(ModelOutputError, match="corrupt-target.gguf"):
             generate(bad, None, _tokens(bad), GenerateOptions(adaptive=False, max_tokens=4))
 
 
 def test_cli_corrupt_draft_one_warning_and_the_targets_tokens(smol_path: Path, corrupt_draft_path: Path) -> None:
     common = ["run", PROMPT, "--target", str(smol_path), "--json", "-n", "16", "--temp", "0.8", "--seed", "5"]
-    common += ["--ctx-size", "512", "--threads", "2"]
+    common += ["--ctx-size", "512", "--threads", str(THREADS)]
     res = cli.invoke(app, [*common, "--draft", str(corrupt_draft_path), "--drafter", "model"])
     assert res.exit_code == 0, res.stderr
     warnings = [line for line in res.stderr.splitlines() if line.strip()]

@@ -21,9 +21,10 @@ from typer.testing import CliRunner
 from specdec_cli.cli import app
 from specdec_cli.errors import ConfigError
 from specdec_cli.models import registry
+from tests.conftest import THREADS
 
 cli = CliRunner()
-FAST = ["--ctx-size", "256", "--threads", "2"]
+FAST = ["--ctx-size", "256", "--threads", str(THREADS)]
 CLEAN_ENV = {**os.environ, "SPECDEC_CALIBRATE": "0", "NO_COLOR": "1"}
 
 
@@ -96,7 +97,7 @@ def test_bad_gguf_version_says_so(tmp_path: Path, smol_path: Path) -> None:
 # --------------------------------------------------------------------- resources
 def test_absurd_context_is_refused_before_allocating() -> None:
     t0 = time.monotonic()
-    res = cli.invoke(app, ["run", "hi", "--no-draft", "--ctx-size", "1000000000", "--threads", "2"])
+    res = cli.invoke(app, ["run", "hi", "--no-draft", "--ctx-size", "1000000000", "--threads", str(THREADS)])
     assert_one_line(res, 1, "--ctx-size 1,000,000,000 needs about", "KV cache", "available")
     assert time.monotonic() - t0 < 30
     res = cli.invoke(app, ["run", "hi", "--ctx-size", "100000000000"])

@@ -23,10 +23,11 @@ from specdec_cli.engine.specials import ControlTexts, defang
 from specdec_cli.errors import SpecdecError
 from specdec_cli.render import error_line
 from specdec_cli.render.generation import ChatRenderer, PlainRenderer
+from tests.conftest import THREADS
 from tests.vocab_fixtures import with_chat_template
 
 cli = CliRunner()
-FAST = ["--ctx-size", "512", "--threads", "2"]
+FAST = ["--ctx-size", "512", "--threads", str(THREADS)]
 USER = [{"role": "user", "content": "hi"}]
 
 HOSTILE = {
@@ -170,7 +171,7 @@ def test_a_message_cannot_forge_a_turn(smol: Model) -> None:
 
 
 def test_system_prompt_and_api_messages_are_protected_too(smol_path: Path, smol: Model) -> None:
-    with api.load(smol_path, drafter=None, n_ctx=512, n_threads=2) as spec:
+    with api.load(smol_path, drafter=None, n_ctx=512, n_threads=THREADS) as spec:
         via_system = spec.tokenize("Hello", system=INJECTION).ids
         benign = spec.tokenize("Hello", system="Be kind.").ids
         via_messages = spec.tokenize([{"role": "assistant", "content": INJECTION}, {"role": "user", "content": "x"}])
@@ -180,7 +181,7 @@ def test_system_prompt_and_api_messages_are_protected_too(smol_path: Path, smol:
 
 
 def test_a_closed_speculator_raises_instead_of_crashing(smol_path: Path) -> None:
-    spec = api.load(smol_path, drafter=None, n_ctx=256, n_threads=2)
+    spec = api.load(smol_path, drafter=None, n_ctx=256, n_threads=THREADS)
     spec.close()
     with pytest.raises(SpecdecError, match="has been closed"):
         spec.tokenize("Hello")
@@ -278,7 +279,7 @@ CUT_PROMPT = "Emoji: 🌊🐳🌊🐳"  # SmolLM2 continues it with emoji split 
 @pytest.fixture(scope="module")
 def cjk_tokens(smol_path: Path) -> Iterator[tuple[list[int], int]]:
     """A generation whose byte-level tokens split CJK characters, and an n that cuts one."""
-    with api.load(smol_path, drafter=None, n_ctx=512, n_threads=2) as spec:
+    with api.load(smol_path, drafter=None, n_ctx=512, n_threads=THREADS) as spec:
         g = spec.generate(CUT_PROMPT, max_tokens=24, chat=False)
         with Model(smol_path, vocab_only=True) as m:
             data = b""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import THREADS
 from tests.fakehub import FakeHub
 
 REPO = "specdec-test/SmolLM2-135M-Instruct-GGUF"
@@ -128,7 +129,7 @@ def test_pull_real_models_then_run_the_pair(
     assert len(fake_hub.cdn_gets()) == gets  # nothing downloaded twice
 
     r = specdec(
-        env, "run", "--pair", "smol-hub", "--drafter", "model", "-n", "6", "--json", "--threads", "2", "Say hi."
+        env, "run", "--pair", "smol-hub", "--drafter", "model", "-n", "6", "--json", "--threads", str(THREADS), "Say hi."
     )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from specdec_cli.models import registry
+from tests.conftest import THREADS
 
 runner = CliRunner()
 
@@ -97,7 +98,7 @@ def test_a_user_pair_with_local_paths_runs(smol_path: Path, smol_q2k_path: Path)
         f'default = "local"\n[pairs.local]\ndescription = "my files"\ndraft_max = 3\n'
         f'target = {{ path = "{smol_path}" }}\ndraft = {{ path = "{smol_q2k_path}" }}\n'
     )
-    args = ["run", "Say hi.", "-n", "8", "--json", "--ctx-size", "512", "--threads", "2", "--drafter", "model"]
+    args = ["run", "Say hi.", "-n", "8", "--json", "--ctx-size", "512", "--threads", str(THREADS), "--drafter", "model"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.stderr
     out = json.loads(res.stdout)

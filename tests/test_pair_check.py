@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from specdec_cli.cli import app
 from tests import vocab_fixtures as vf
+from tests.conftest import THREADS
 
 runner = CliRunner()
 CROSS = "compatible (different tokenizers)"
@@ -144,7 +145,7 @@ def test_probe_predicts_and_measures(smol_path: Path, smol_q2k_path: Path, tmp_p
         fingerprint = vocab_fingerprint(m.vocab_info().texts)
     subset = np.arange(0, 4000, dtype=np.int32)
     H.Heads.initial(2, H.output_rows(smol_path, subset), subset, fingerprint).save(tmp_path / "h.gguf")
-    code, out, _ = check(str(smol_path), str(smol_q2k_path), "--probe", "--threads", "2", "--heads", str(tmp_path / "h.gguf"))
+    code, out, _ = check(str(smol_path), str(smol_q2k_path), "--probe", "--threads", str(THREADS), "--heads", str(tmp_path / "h.gguf"))
     assert code == 0
     h = out["heads_probe"]  # the heads measured as the draft is: a chain of right guesses, never rising
     assert len(h["chain"]) == 2 and 0 <= h["chain"][1] <= h["chain"][0] <= 1 and h["n_positions"] > 100

@@ -23,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdec_cli.cli import app
+from tests.conftest import THREADS
 from tests.server_fixtures import LiveServer, live_server
 
 CTX = "2048"
@@ -47,7 +48,7 @@ def model_id(client: openai.OpenAI) -> str:
 
 
 def run_json(*args: str) -> dict[str, Any]:
-    res = cli.invoke(app, ["run", *args, "--json", "--ctx-size", CTX, "--threads", "2"], env={"SPECDEC_CALIBRATE": "0"})
+    res = cli.invoke(app, ["run", *args, "--json", "--ctx-size", CTX, "--threads", str(THREADS)], env={"SPECDEC_CALIBRATE": "0"})
     assert res.exit_code == 0, res.stderr
     return json.loads(res.stdout)
 

@@ -11,7 +11,9 @@ import sys
 import pexpect
 import pytest
 
-ARGS = ["run", "Write two short lines about the sea.", "--drafter", "model", "-n", "40", "--ctx-size", "512", "--threads", "2"]
+from tests.conftest import THREADS
+
+ARGS = ["run", "Write two short lines about the sea.", "--drafter", "model", "-n", "40", "--ctx-size", "512", "--threads", str(THREADS)]
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 

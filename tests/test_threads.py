@@ -16,6 +16,7 @@ import pytest
 from specdec_cli import api
 from specdec_cli.calibration import calibrate
 from specdec_cli.engine import native
+from tests.conftest import THREADS
 
 
 def threads() -> int:
@@ -35,7 +36,7 @@ def test_generations_and_calibration_let_their_openmp_team_go(
 ) -> None:
     monkeypatch.setenv("SPECDEC_CALIBRATE", "1")
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))  # an empty cache: calibration measures
-    with api.load(smol_path, None, drafter="none", n_ctx=512, n_threads=2) as spec:
+    with api.load(smol_path, None, drafter="none", n_ctx=512, n_threads=THREADS) as spec:
         before = threads()
         spec.target.decode(spec.target.tokenize("Hello there", add_special=True, parse_special=False))
         assert threads() > before  # a computation left a team behind: what the test can see
