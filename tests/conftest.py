@@ -37,9 +37,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _plain_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests do not inherit the colour settings of the shell that runs them (NO_COLOR in a profile turned the
-    legend's colours off, and a test of them failed): a test about them sets them itself."""
+    legend's colours off, and a test of them failed): a test about them sets them itself. Nor the machine's
+    load: every model, in this process or a command's, gets THREADS (without it, a CLI run on a busy machine
+    added a line about the free cores to what a test reads)."""
     for name in ("NO_COLOR", "FORCE_COLOR", "CLICOLOR_FORCE"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SPECDEC_THREADS", str(THREADS))
 
 
 # The pair a test gets when it names none. The shipped default (models.toml) has an F32 target, which decodes

@@ -181,7 +181,7 @@ def _batches_equal_single_tokens(path: Path, qtype: str) -> None:
 
 
 FALLBACK = """
-import sys
+import os, sys
 from specdec_cli.engine import kernels
 from specdec_cli.engine.model import Model
 real = kernels.batch_equals_single
@@ -189,7 +189,7 @@ if sys.argv[2] == "pretend":  # the invariant kernels compute a batch differentl
     kernels.batch_equals_single = lambda m, *a: False if m.kernels == kernels.INVARIANT else real(m, *a)
 if sys.argv[2] == "q4_0-gemm":  # ... only with Q4_0's GEMM on (patch 0002's switch)
     kernels.batch_equals_single = lambda m, *a: False if kernels.q4_0_gemm() else real(m, *a)
-m = Model(sys.argv[1], n_ctx=128, n_threads=2)
+m = Model(sys.argv[1], n_ctx=128, n_threads=int(os.environ.get("SPECDEC_THREADS", "2")))  # conftest's
 print(m.kernels)
 print(*m.warnings, kernels.q4_0_gemm(), sep="\\n")
 """

@@ -177,7 +177,7 @@ if sys.argv[2] == "fails":  # the kernels of a GPU that computes a batch differe
 from specdec_cli import api
 out = {}
 for kernel_choice in ("exact", "fast"):
-    with api.load(sys.argv[1], sys.argv[3], drafter="model", n_ctx=512, n_threads=2, kernels=kernel_choice) as spec:
+    with api.load(sys.argv[1], sys.argv[3], drafter="model", n_ctx=512, kernels=kernel_choice) as spec:  # SPECDEC_THREADS
         g = spec.generate("Name three colours.", max_tokens=24)
         out[kernel_choice] = {"kernels": spec.target.kernels, "warnings": spec.warnings, "notes": spec.notes,
                               "drafted": g.stats.drafted, "layers": spec.gpu_layers, "ids": g.token_ids,

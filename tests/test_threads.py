@@ -16,7 +16,7 @@ import pytest
 from specdec_cli import api
 from specdec_cli.calibration import calibrate
 from specdec_cli.engine import native
-from tests.conftest import THREADS
+from specdec_cli.errors import UsageError
 
 
 def threads() -> int:
@@ -36,7 +36,7 @@ def test_generations_and_calibration_let_their_openmp_team_go(
 ) -> None:
     monkeypatch.setenv("SPECDEC_CALIBRATE", "1")
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))  # an empty cache: calibration measures
-    with api.load(smol_path, None, drafter="none", n_ctx=512, n_threads=THREADS) as spec:
+    with api.load(smol_path, None, drafter="none", n_ctx=512, n_threads=2) as spec:  # a team: two
         before = threads()
         spec.target.decode(spec.target.tokenize("Hello there", add_special=True, parse_special=False))
         assert threads() > before  # a computation left a team behind: what the test can see
@@ -61,6 +61,7 @@ def test_busy_cores_reads_the_runnable_tasks_but_this_one(tmp_path: Path, monkey
 
 
 def test_default_threads_leave_busy_cores_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECDEC_THREADS")  # conftest's: here the count of busy cores decides
     monkeypatch.setattr(native, "usable_cores", lambda: 2)
     monkeypatch.setattr(native, "busy_cores", lambda: 0)
     assert native.default_threads() == (2, None)
@@ -106,3 +107,13 @@ def test_the_thread_count_does_not_change_a_logit(smol_path: Path) -> None:
         m.close()
     for batch, one in got[1:]:
         assert (batch == got[0][0]).all() and all((a == b).all() for a, b in zip(one, got[0][1], strict=True))
+
+
+def test_specdec_threads_names_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "busy_cores", lambda: 5)
+    monkeypatch.setenv("SPECDEC_THREADS", "3")
+    assert native.default_threads() == (3, None)
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("SPECDEC_THREADS", bad)
+        with pytest.raises(UsageError, match="SPECDEC_THREADS must be a whole number >= 1"):
+            native.default_threads()

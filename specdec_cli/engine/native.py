@@ -52,7 +52,12 @@ def default_threads() -> tuple[int, str | None]:
     """Threads for llama.cpp when none are asked for: one per core other work leaves free, at least one, and
     the note that says so when that is fewer than the cores. ggml's threads meet at a spinning barrier after
     every operation: with a second load on every core, two threads on 2 cores decoded at 0.3-0.4 tokens/s in
-    three of five runs where one thread kept about 100 (docs/install.md, troubleshooting)."""
+    three of five runs where one thread kept about 100 (docs/install.md, troubleshooting). `SPECDEC_THREADS`
+    names the count instead (a server on a shared machine, a test suite that must not depend on its neighbours)."""
+    if (fixed := os.environ.get("SPECDEC_THREADS")) is not None:
+        if not fixed.strip().isdigit() or int(fixed) < 1:
+            raise UsageError(f"SPECDEC_THREADS must be a whole number >= 1, got {fixed!r}")
+        return int(fixed), None
     cores = usable_cores()
     busy = busy_cores()
     threads = max(1, cores - busy)
