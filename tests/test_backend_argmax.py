@@ -72,3 +72,22 @@ def test_a_tie_goes_to_the_first_maximum_wherever_the_argmax_runs(smol_path: Pat
         assert m.decode_argmax(ids) == [first] and m._argmax is not None and m._argmax.on  # the graph's
         m.rollback(len(ids) - 1)
         assert m.argmax_chain(ids[-1:], 1, frozenset()) == [first]  # patch 0006's loop, the graph's argmax
+
+
+def test_a_context_that_refuses_the_sampler_is_asked_once() -> None:
+    """Where llama.cpp cannot offload the sampler (it says so in its log each time), the context stays on numpy's
+    path: later decodes do not ask again."""
+    from types import SimpleNamespace
+
+    from specdec_cli.engine.backend_argmax import BackendArgmax
+
+    asked: list[object] = []
+    C = SimpleNamespace(  # noqa: N806 - the bindings' calls BackendArgmax makes
+        _lib=SimpleNamespace(), llama_get_sampled_token_ith=None, llama_sampler_chain_default_params=lambda: None,
+        llama_sampler_chain_init=lambda _p: object(), llama_sampler_init_greedy=lambda: None,
+        llama_sampler_chain_add=lambda _c, _s: None, llama_sampler_free=lambda _c: None,
+        llama_set_sampler=lambda _ctx, _seq, chain: asked.append(chain) or False)  # fmt: skip
+    a = BackendArgmax(C, ctx=None)
+    assert a.chain_fn is None  # not specdec's build: no patch 0006 loop
+    assert not a.attach() and not a.attach() and not a.on
+    assert len(asked) == 1 and a.refused

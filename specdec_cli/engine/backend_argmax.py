@@ -46,6 +46,7 @@ class BackendArgmax:
         self._out = (ctypes.c_int32 * 65)()
         self._status = ctypes.c_int32(0)
         self._stop: tuple[frozenset[int], Any] | None = None
+        self.refused = False  # llama.cpp would not attach it: the numpy path for good
         self._chain: Any = None  # attached now
         self._retired: Any = None  # detached, freed once a decode has rebuilt the graph without it
         self.token_at = C.llama_get_sampled_token_ith  # (ctx, row): a row's token
@@ -55,6 +56,8 @@ class BackendArgmax:
         """Attach a greedy sampler (False: this context cannot offload it, logits it is). A chain is set up for
         one context once (llama.cpp asserts it), so each attach makes a new one."""
         C = self._C  # noqa: N806
+        if self.refused:  # this context cannot offload it: once is enough to know (llama.cpp warns each time)
+            return False
         self._free_retired()  # the decode after its detach rebuilt the graph: nothing holds it
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
         C.llama_sampler_chain_add(chain, C.llama_sampler_init_greedy())  # the chain owns it
@@ -63,6 +66,7 @@ class BackendArgmax:
             self._chain = chain
         else:
             C.llama_sampler_free(chain)
+            self.refused = True
         return self.on
 
     def detach(self) -> None:
