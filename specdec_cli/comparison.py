@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specdec_cli.engine.kv_cache import first_difference
 from specdec_cli.generation import Generation
 
 
@@ -25,10 +26,10 @@ class Comparison:
     def first_difference(self) -> int | None:
         """The index of the first token where the two differ (one ending first counts); None: the same."""
         a, b = self.speculative.token_ids, self.alone.token_ids
-        for i, (x, y) in enumerate(zip(a, b, strict=False)):
-            if x != y:
-                return i
-        return None if len(a) == len(b) else min(len(a), len(b))
+        n = min(len(a), len(b))
+        if a[:n] != b[:n]:
+            return first_difference(a, b, n)
+        return None if len(a) == len(b) else n
 
     @property
     def same_text(self) -> bool:

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
-from specdec_cli.engine.protocol import chain_by_steps
+from specdec_cli.engine.protocol import argmax_of_logits, chain_by_steps
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
 
@@ -124,8 +123,7 @@ class FakeModel:
     def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
         """`Model.decode_argmax`'s numpy path (a subclass's `decode`, NaN rows say, goes through it)."""
         self.argmax_calls += 1
-        top = finite_argmax(self.decode(tokens, n_logits))
-        return None if top is None else top.tolist()
+        return argmax_of_logits(self, tokens, n_logits)
 
     def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
         return chain_by_steps(self, tokens, k, stop)

@@ -74,11 +74,6 @@ class BackendArgmax:
             self._C.llama_set_sampler(self._ctx, 0, None)
             self._retired, self._chain, self.on = self._chain, None, False
 
-    @property
-    def chain(self) -> Callable[[Any, int, int, int, frozenset[int]], tuple[list[int], int]] | None:
-        """`run_chain` where the library has patch 0006's loop, else None."""
-        return self.run_chain if self.chain_fn is not None and self.on else None
-
     def run_chain(self, batch: Any, first: int, pos: int, k: int, stop: frozenset[int]) -> tuple[list[int], int]:
         """Decode `first` at `pos` and each sampled token after it, in C, until `k` tokens or a stop token: the
         tokens written and the status (0, llama_decode's failure, or NO_TOKEN)."""

@@ -30,9 +30,8 @@ from specdec_cli.engine.native import (
     out_of_memory,
     usable_cores,
 )
-from specdec_cli.engine.protocol import chain_by_steps
+from specdec_cli.engine.protocol import argmax_of_logits, chain_by_steps
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.vocab import Vocab, VocabMethods
 from specdec_cli.errors import ContextError, ModelFileError, RpcError, UnsupportedModelError, UsageError
 
@@ -204,9 +203,9 @@ class Model(VocabMethods, CacheMethods):
         seen finite (engine/backend_argmax.py), else numpy's; None: a row not finite (the numpy path sees it)."""
         a = self._argmax
         if a is None or self.hidden_on or not (a.on or (self._logits_seen and a.attach())):
-            top = finite_argmax(self.decode(tokens, n_logits))
+            top = argmax_of_logits(self, tokens, n_logits)
             self._logits_seen = self._logits_seen or top is not None
-            return None if top is None else top.tolist()
+            return top
         self._decode(tokens, n_logits, 0, view=False)
         return a.tokens(n_logits)
 
@@ -216,11 +215,11 @@ class Model(VocabMethods, CacheMethods):
         in the graph, a one-token start runs the whole chain in one call into llama.cpp (patch 0006): between
         two of a draft's decodes no Python runs, the most of a draft model's host time (docs/design.md#host-time)."""
         a, held = self._argmax, self.seq_tokens[0]
-        if a is None or not a.on or a.chain is None or len(tokens) != 1:
+        if a is None or not a.on or a.chain_fn is None or len(tokens) != 1:
             return chain_by_steps(self, tokens, k, stop)
         self._check_room(0, 1)
         t0 = time.perf_counter()
-        out, status = a.chain(self._batch.handle, tokens[0], len(held), min(k, self.n_ctx - len(held)), stop)
+        out, status = a.run_chain(self._batch.handle, tokens[0], len(held), min(k, self.n_ctx - len(held)), stop)
         self.decode_seconds += time.perf_counter() - t0
         done = [tokens[0], *out][: len(out)]  # decoded: the start and every token written but the last
         held.extend(done)

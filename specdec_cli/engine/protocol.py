@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
 from specdec_cli.engine.rpc import Placement
+from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.specials import ControlTexts
 
 
@@ -145,6 +146,13 @@ class ModelOpener(Protocol):
     def __call__(self, path: str | os.PathLike[str], *, n_ctx: int = ..., n_threads: int | None = ...,
                  n_gpu_layers: int = ..., vocab_only: bool = ..., n_seq: int = ...,
                  unified: bool = ..., placement: Placement | None = ..., exact: bool = ...) -> LoadedModel: ...  # fmt: skip
+
+
+def argmax_of_logits(model: LanguageModel, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
+    """`decode_argmax` as `decode` and numpy's argmax of the rows (a model with no faster way), None where a row
+    is not finite."""
+    top = finite_argmax(model.decode(tokens, n_logits))
+    return None if top is None else top.tolist()
 
 
 def chain_by_steps(model: LanguageModel, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:

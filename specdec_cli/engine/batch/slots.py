@@ -15,8 +15,7 @@ from specdec_cli.engine.drafters.gate import ShadowScore
 from specdec_cli.engine.drafters.medusa import HeadsDrafter
 from specdec_cli.engine.estimates import Acceptance
 from specdec_cli.engine.events import Event, Transcript
-from specdec_cli.engine.protocol import LoadedModel, chain_by_steps
-from specdec_cli.engine.sampling import finite_argmax
+from specdec_cli.engine.protocol import LoadedModel, argmax_of_logits, chain_by_steps
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import SpeculativeGenerator
 
@@ -116,8 +115,7 @@ class SeqView:
         return self.model.decode(tokens, n_logits, seq=self.seq)
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
-        top = finite_argmax(self.decode(tokens, n_logits))
-        return None if top is None else top.tolist()
+        return argmax_of_logits(self, tokens, n_logits)
 
     def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
         return chain_by_steps(self, tokens, k, stop)
