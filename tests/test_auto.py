@@ -216,9 +216,10 @@ def test_without_calibration_it_times_a_plain_decode_before_drafting() -> None:
     assert stats.plain_steps >= BatchCosts.MIN_SAMPLES
     # once measured, batches cost b single decodes and a draft token half a target token: plain wins.
     # Before that, a batch size not yet timed is priced by the prior, so the lookup (right every time
-    # here: the fake's text cycles) tries a few sizes until they are measured.
+    # here: the fake's text cycles) tries a few sizes until they are measured (growing a few positions past
+    # what it has seen at a time: 1, 2, 5, 8).
     assert stats.plain_steps >= stats.steps - 8, stats.by_drafter
-    assert not any(s.drafted for s in res.steps[-25:]), [len(s.drafted) for s in res.steps]
+    assert not any(s.drafted for s in res.steps[-20:]), [len(s.drafted) for s in res.steps]
 
 
 def test_a_model_step_after_other_steps_pays_its_share_of_the_catch_up() -> None:

@@ -30,8 +30,11 @@ class Acceptance:
     noticed within a few dozen steps.
     """
 
-    def __init__(self, prior: float = 0.5, weight: float = 2.0, decay: float = DECAY) -> None:
+    def __init__(self, prior: float = 0.5, weight: float = 2.0, decay: float = DECAY, unseen: float = 1.0) -> None:
         self.prior, self.weight, self.decay = prior, weight, decay
+        # A position no proposal has reached yet is assumed `unseen` times as good as the one before it
+        # (1.0: as good). Below 1, a draft can only grow a few positions past what was seen: see _extend.
+        self.unseen = unseen
         self.tries: list[float] = []  # tries[i]: proposals that reached position i + 1
         self.hits: list[float] = []  # hits[i]: ... and were accepted there
         self.n = 0  # observations, undecayed
@@ -48,12 +51,15 @@ class Acceptance:
     def _extend(self, n: int) -> None:
         """Each position is smoothed towards the one before it (position 0 towards `prior`): a
         position rarely reached because K stayed short is assumed to behave like the last one
-        measured, so K can grow when drafts are good."""
+        measured, so K can grow when drafts are good; with `unseen` below 1, one never reached (fewer
+        than one try, after decay) a little worse, so K grows a few positions past the evidence at a time."""
         r, p, acc = self._r, self._p, self._sum
         prior = r[-1] if r else self.prior
         for i in range(len(r), n):
             t = self.tries[i] if i < len(self.tries) else 0.0
             h = self.hits[i] if i < len(self.hits) else 0.0
+            if t < 1.0 and i:
+                prior *= self.unseen ** (1.0 - t)
             prior = (h + prior * self.weight) / (t + self.weight)
             r.append(prior)
             p.append((p[-1] if p else 1.0) * prior)

@@ -63,12 +63,16 @@ class ShadowScore:
     MAX_PENDING = 16
     LONG_MATCH = 16
     LONG_PRIOR = 0.8
+    # In-context copies: a position no proposal has reached yet counts as UNSEEN times the one before
+    # (estimates.Acceptance). Without it, two or three right proposals of a few tokens priced a 40-token
+    # copy at 0.99 a position (the first run's prompt: a repeated clause, then 40 drafted, 0 accepted).
+    UNSEEN = 0.8
 
     def __init__(self, tables: dict[str, Acceptance] | None = None) -> None:
         """`tables`: another score's, to learn into together (the heads' one table across the batch's slots)."""
         self.tables = tables if tables is not None else {
             REPEAT: Acceptance(prior=self.LONG_PRIOR), LONG: Acceptance(prior=self.LONG_PRIOR),
-            HIT: Acceptance(), MISS: Acceptance()}  # fmt: skip
+            HIT: Acceptance(unseen=self.UNSEEN), MISS: Acceptance(unseen=self.UNSEEN)}  # fmt: skip
         self.last_ok = False
         self.long = False  # the latest proposal continues a long pool match
         self.repeat = False  # ... one that covers the whole context: the text so far repeats an earlier one
