@@ -49,11 +49,17 @@ class LlamaBatch:
             self.wants[row:end] = every
             if n_logits and not every:
                 self.wants[end - tail - n_logits : end - tail] = 1
-        if self.several:  # rows that held another sequence change their id
-            seq_id = self.handle.seq_id
-            for i in np.flatnonzero(self.seq[row:end] != seq) + row:
-                seq_id[i][0] = seq
-            self.seq[row:end] = seq
+        if not self.several:
+            return
+        seq_id = self.handle.seq_id  # rows that held another sequence change their id
+        if n == 1:
+            if self.seq[row] != seq:
+                seq_id[row][0] = seq
+                self.seq[row] = seq
+            return
+        for i in np.flatnonzero(self.seq[row:end] != seq) + row:
+            seq_id[i][0] = seq
+        self.seq[row:end] = seq
 
     def logits(self, first: int, n_logits: int) -> np.ndarray:
         """Rows first..first+n_logits of the last decode's outputs: a zero-copy view, valid until the next decode."""

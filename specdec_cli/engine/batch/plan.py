@@ -257,7 +257,7 @@ class Planner:
     def prompt_room(self, generating: int, busy: int, pre: list[Slot]) -> int:
         """The prompt tokens this step may read (admission.py's `prompt_room` when fair, else the budget)."""
         room = self.budget - generating
-        if self.fair_step is None:
+        if self.fair_step is None or not pre:  # nothing to read: no pricing (it rebuilt the cost table per step)
             return room
         background = self.chatting and not any(s.streamed for s in pre)
         return min(room, prompt_room(self.state.costs, generating, busy, room, background))
