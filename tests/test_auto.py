@@ -239,3 +239,23 @@ def test_a_model_step_after_other_steps_pays_its_share_of_the_catch_up() -> None
     assert auto._catch_up_share(len(text)) == pytest.approx(41 * 0.5 / 2.0)
     auto.begin(text[:-1])  # caught up but for the last token
     assert auto.propose(req).source == "model"
+
+
+def test_an_in_context_copy_grows_a_few_positions_past_what_came_true() -> None:
+    """A copy's positions that no proposal has reached are priced a little worse than the last one seen: two
+    right proposals of four tokens once priced a 40-token copy at 0.99 a position (the first run's prompt: the
+    target took none of it, one step at 4.6 target tokens' cost). With the F32 pair's measured batch costs."""
+    from specdec_cli.engine.drafters.gate import HIT, ShadowScore
+
+    costs = BatchCosts({2: 1.01, 5: 1.52, 10: 2.26, 20: 3.78, 40: 5.51, 65: 6.0})
+    chosen = []
+    for table in (ShadowScore().tables[HIT], Acceptance()):  # the in-context table; one without `unseen`
+        for _ in range(2):
+            table.observe(4, 4)  # two proposals, every one of their four positions right, none known further
+        chosen.append(best_length(table, costs, 40)[0])
+    assert 4 < chosen[0] <= 8, chosen  # it still grows past the evidence, a few positions
+    assert chosen[1] >= 2 * chosen[0], chosen  # priced as the position before, the copy ran on
+    grown = ShadowScore().tables[HIT]  # once the text has shown 30 positions right, a 30-token copy is priced so
+    for _ in range(2):
+        grown.observe(30, 30)
+    assert best_length(grown, costs, 40)[0] >= 30

@@ -688,3 +688,20 @@ def test_the_planners_bound_prunes_only_plans_that_lose(n_slots: int, seed: int,
         gen.append(slot)
     drafts = [{seq: c for seq, c in p.plan(gen, []).items() if c.n} for p in planners]  # no choice: plain
     assert drafts[0] == drafts[1]
+
+
+def test_a_step_with_no_prompt_to_read_prices_no_prompt_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fair slots price how much prompt a step may read; with no prompt waiting that pricing rebuilt the cost table
+    up to the token budget on every plain step (host time, engine/batch/plan.py). It is skipped, not changed."""
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
+    costs = BatchCosts({b: 1.0 + 0.1 * (b - 1) for b in range(2, 300)}, 0.01)
+    planner = Planner(target, None, AutoState(costs=costs), BatchCosts(), n_slots=2, model_k_max=None, budget=256)
+    planner.fair_step = FAIR_STEP
+    pre = [_slot(target, 1, [], prompt=list(range(60, 460)))]
+    assert 0 < planner.prompt_room(1, 2, pre) < 255  # a waiting prompt: priced, bounded below the budget
+
+    def priced(*_: object) -> float:
+        raise AssertionError("a step with no prompt to read priced one")
+
+    monkeypatch.setattr(costs, "relative", priced)
+    assert planner.prompt_room(1, 1, []) == 255

@@ -415,3 +415,25 @@ def test_adaptive_k_and_p_min_with_the_draft_model_stay_identical(smol: Model, s
     assert len(set(ks)) > 1, "the schedule never moved K"
     assert all(1 <= k <= 6 for k in ks)
     assert any(len(s.drafted) < s.k for s in res.steps), "p-min never cut a draft short"
+
+
+def test_a_batch_row_changes_its_sequence_id_only_where_another_sequence_held_it() -> None:
+    """LlamaBatch.fill with several sequences: a one-token part takes plain stores (host time), a longer one numpy;
+    either way every row ends up holding its part's sequence id, whatever the row held before."""
+    from specdec_cli.engine.llama_batch import LlamaBatch
+
+    batch = LlamaBatch(native.bindings(), None, 8, 4, several=True)
+    try:
+        held = lambda: [batch.handle.seq_id[i][0] for i in range(8)]  # noqa: E731
+        assert held() == [0] * 8
+        batch.fill(0, 2, 10, [5, 6, 7], 1, 0, False)  # three rows of sequence 2
+        batch.fill(3, 1, 4, [9], 1, 0, False)  # one row of sequence 1
+        assert held()[:4] == [2, 2, 2, 1] and list(batch.token[:4]) == [5, 6, 7, 9]
+        assert list(batch.pos[:4]) == [10, 11, 12, 4] and list(batch.wants[:4]) == [0, 0, 1, 1]
+        batch.fill(0, 3, 0, [8], 1, 0, False)  # rows change hands: one token, then two over a row of each
+        batch.fill(1, 1, 6, [4, 4], 0, 0, False)
+        batch.fill(3, 1, 8, [1], 0, 0, False)  # already sequence 1's
+        assert held()[:4] == [3, 1, 1, 1] and list(batch.seq[:4]) == [3, 1, 1, 1]
+        assert list(batch.wants[:4]) == [1, 0, 0, 0]
+    finally:
+        batch.free()
