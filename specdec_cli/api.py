@@ -33,6 +33,7 @@ from specdec_cli.engine.settings import (
     DEFAULT_KERNELS,
     DEFAULT_NGRAM,
     DEFAULT_POOL_MB,
+    DEFAULT_PROMPT_CACHE_MB,
     NONE,
     GenerateOptions,
     KernelChoice,
@@ -65,6 +66,7 @@ def load(
     parallel: int = 1,
     open_model: ModelOpener | None = None,
     pool_mb: float = DEFAULT_POOL_MB,
+    prompt_cache_mb: float = DEFAULT_PROMPT_CACHE_MB,
     ngram_cache: str | os.PathLike[str] | None = None,
     rpc: str | Sequence[str] | None = None,
     draft_rpc: str | Sequence[str] | None = None,
@@ -89,6 +91,8 @@ def load(
     `pool_mb` bounds the token pool: earlier prompts and outputs the n-gram lookup (and so `auto`) drafts
     from, shared by every generation of this Speculator (0: none; engine/drafters/pool.py). `ngram_cache`
     is a file the pool is read from now (when it exists) and saved to at `close()`, atomically.
+    `prompt_cache_mb` bounds the host memory that keeps slots' caches for prompts that come back when
+    `parallel` > 1 (0: none; engine/batch/prompt_cache.py).
 
     `rpc` ("HOST:PORT,..." or a list): the target's layers go to those llama.cpp RPC servers
     (`specdec rpc-server`), split by their free memory or by `tensor_split` (one share per server); the
@@ -104,7 +108,8 @@ def load(
 
     `open_model` opens the model files (default: llama.cpp; tests pass a fake, tests/fakes.py).
     """
-    check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram, pool_mb=pool_mb)
+    check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram, pool_mb=pool_mb,
+               prompt_cache_mb=prompt_cache_mb)
     kind = check_drafter(NONE if drafter is None else drafter)
     exact = check_kernels(kernels) == KernelChoice.EXACT
     if target is not None and draft is None and pair is None and loading.is_pair_name(target):
@@ -138,7 +143,7 @@ def load(
         parallel = 1  # sequences batched together would change each other's logits; its warning says so
     pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
-                      pool=pool, loader=loader, heads=the_heads)  # fmt: skip
+                      pool=pool, loader=loader, heads=the_heads, prompt_cache_bytes=int(prompt_cache_mb * (1 << 20)))  # fmt: skip
     if ngram_cache is not None:
         try:
             spec.open_pool_file(ngram_cache)

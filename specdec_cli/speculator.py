@@ -16,6 +16,7 @@ from specdec_cli.comparison import Comparison
 from specdec_cli.drafting import make_drafter
 from specdec_cli.engine import kernels, prompting
 from specdec_cli.engine.batch import BatchEngine, BatchJob
+from specdec_cli.engine.batch.prompt_cache import PromptCache
 from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.drafters.cross import CrossVocab
 from specdec_cli.engine.drafters.gate import CostGate
@@ -57,8 +58,10 @@ class Speculator:
         pool: TokenPool | None = None,
         loader: loading.Loader | None = None,
         heads: Heads | None = None,
+        prompt_cache_bytes: int = 0,
     ) -> None:
         self.choice = choice
+        self.prompt_cache_bytes = prompt_cache_bytes  # parallel > 1: slots' caches kept for prompts that come back
         self.heads = heads  # Medusa heads for the target (engine/heads.py), when a heads file was given
         self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch/)
         self._engine: BatchEngine | None = None
@@ -251,8 +254,11 @@ class Speculator:
                 k = PARALLEL_CALIBRATED_K
                 state, draft_costs = parallel_starting_state(self.target, draft, self.n_threads,
                                                              self.parallel * (k + 1), self.parallel)  # fmt: skip
+                local = getattr(self.target, "placement", None) is None  # not on RPC servers: each copy a round trip
+                cache = PromptCache(self.prompt_cache_bytes) if self.prompt_cache_bytes and local else None
                 self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram, pool=self.pool, heads=self.heads,
-                                           model_k_max=self.choice.draft_max, draft_costs=draft_costs)  # fmt: skip
+                                           model_k_max=self.choice.draft_max, draft_costs=draft_costs,
+                                           prompt_cache=cache)  # fmt: skip
             return self._engine
 
     def _default_k(self, kind: str) -> int:

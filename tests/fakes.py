@@ -192,6 +192,7 @@ class FakeGGUF(FakeModel):
         if placement is not None:
             raise NotImplementedError("a fake model has no RPC placement: RPC is tested with real models")
         self.path = Path(path)
+        self.pending_moves: set[int] = set()  # a fake's caches are its token lists: a move is done at once
         self.placement: Placement | None = None
         self.kernels = "invariant" if exact else "fast"
         self.where: dict[str, float] = {}
@@ -278,6 +279,15 @@ class FakeGGUF(FakeModel):
     def move_seq(self, src: int, dst: int) -> None:
         self.seq_tokens[dst][:] = self.seq_tokens[src]
         self.seq_tokens[src].clear()
+
+    def save_seq(self, seq: int = 0) -> bytes:
+        """A fake's cache is its tokens (its logits are a function of them): the state is their bytes."""
+        return np.asarray(self.seq_tokens[seq], dtype=np.int32).tobytes()
+
+    def restore_seq(self, seq: int, data: bytes, tokens: Sequence[int]) -> bool:
+        self.seq_tokens[seq][:] = np.frombuffer(data, dtype=np.int32).tolist()
+        assert self.seq_tokens[seq] == list(tokens)
+        return True
 
     def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
         self.tokens = self.seq_tokens[seq]

@@ -705,3 +705,96 @@ def test_a_step_with_no_prompt_to_read_prices_no_prompt_room(monkeypatch: pytest
 
     monkeypatch.setattr(costs, "relative", priced)
     assert planner.prompt_room(1, 1, []) == 255
+
+
+def test_a_restored_slot_state_computes_bit_for_bit_as_a_fresh_prefill(smol_path: Path) -> None:
+    """prompt_cache.py's premise: a sequence's saved cache, restored into another slot that held something else,
+    gives the next token's logits bit for bit as the same tokens prefilled in one batch."""
+    with Model(smol_path, n_ctx=256, n_seq=3, n_threads=THREADS) as m:
+        prompt = m.tokenize("Write a detailed essay about the history of the printing press, in several long "
+                            "paragraphs, with dates and names.", add_special=True, parse_special=False)  # fmt: skip
+        other = [*prompt[:3], *m.tokenize(" Something else entirely, to fill the cache first.", add_special=False,
+                                          parse_special=False)]  # fmt: skip
+        nxt = m.tokenize(" The", add_special=False, parse_special=False)[:1]
+        m.decode_many([(0, prompt, 1, 0)])
+        fresh = m.decode_many([(0, nxt, 1, 0)])[0].copy()
+        m.decode_many([(1, other, 1, 0)])  # a history in slot 1: other tokens, rolled back, the prompt in chunks
+        m.rollback(3, 1)
+        m.decode_many([(1, prompt[3:20], 0, 0)])
+        m.decode_many([(1, prompt[20:], 1, 0)])
+        state = m.save_seq(1)
+        m.decode_many([(1, nxt * 2, 1, 0)])  # slot 1 goes on; the state does not
+        m.decode_many([(2, other, 1, 0)])
+        assert m.restore_seq(2, state, prompt) and m.seq_tokens[2] == prompt
+        restored = m.decode_many([(2, nxt, 1, 0)])[0]
+        assert np.array_equal(fresh.view(np.uint32), restored.view(np.uint32))
+
+
+def test_a_displaced_prompt_comes_back_from_the_prompt_cache() -> None:
+    """Two prompts sharing their first half take the same slot in turn (admission.py); the first one's tail is
+    kept in host memory, and when it comes back (the next turn: the first prompt and more) it is restored, not
+    read again: fewer tokens prefilled, and the text the same as without the cache."""
+    shared = ("Here is a passage about lighthouses. Lighthouses stand on coasts and guide ships at night with "
+              "bright lamps and lenses, and their keepers once lived in them all year. ")  # fmt: skip
+    first = shared + "Question: who lived in lighthouses, and why did they stay there all year long?"
+    second = shared + "Question: what do the lenses do?"
+    turn = first + " Answer in one sentence."
+    runs = {}
+    for mb in (0, 64):
+        with api.load(n_ctx=512, n_threads=THREADS, parallel=2, drafter="none", prompt_cache_mb=mb) as spec:
+            texts = []
+            for prompt in (first, second, turn):
+                run = spec.start(prompt, max_tokens=8, chat=False)
+                for _ in run.events():
+                    pass
+                texts.append((run.generation.token_ids, run.n_cached))
+            cache = spec.batch_engine().prompt_cache
+            runs[mb] = (texts, cache.restored if cache is not None else 0)
+    (plain, none), (cached, restored) = runs[0], runs[64]
+    assert none == 0 and restored == 1
+    assert [t for t, _ in cached] == [t for t, _ in plain]  # the same text, every request
+    assert cached[2][1] > plain[2][1] + 10, (cached, plain)  # the turn found its first prompt's cache
+
+
+def test_the_prompt_cache_keeps_what_a_request_drops_within_its_budget() -> None:
+    """What is kept (a slot's content a request drops, at least MIN_SAVED tokens of it), what is restored (a kept
+    state holding MIN_GAIN more of the prompt than the slot), what goes (the least recently used past the budget,
+    a kept state a newer one extends). The fake's state is its tokens, 4 bytes each."""
+    from specdec_cli.engine.batch.prompt_cache import MIN_GAIN, MIN_SAVED, PromptCache
+
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
+    cache = PromptCache(budget_bytes=4 * 100)
+    a, b = list(range(1000, 1040)), list(range(2000, 2040))
+    target.seq_tokens[0][:] = a
+    assert cache.take_over(target, 0, a[:10] + [7] * 20) == 10 and len(cache) == 1  # 30 of a's dropped: kept
+    target.seq_tokens[0][:] = a[:10] + [7] * 20
+    assert cache.take_over(target, 0, a[:10] + [7] * 5 + [8]) == 15 and len(cache) == 1  # 15 dropped: not kept
+    target.seq_tokens[0][:] = a[:12]
+    assert cache.take_over(target, 0, a[:12 + MIN_GAIN - 1]) == 12  # a kept state 3 tokens better: not worth it
+    assert cache.take_over(target, 0, [*a, 5]) == 40 and target.seq_tokens[0] == a and cache.restored == 1
+    target.seq_tokens[1][:] = b + b  # 80 tokens: with a's 40, past the budget of 100: a's state goes
+    assert cache.take_over(target, 1, [1]) == 0 and list(cache._states) == [tuple(b + b)]
+    target.seq_tokens[1][:] = b + b + [3] * MIN_SAVED  # extends the kept one: it replaces it
+    cache.take_over(target, 1, [1])
+    assert list(cache._states) == [tuple(b + b + [3] * MIN_SAVED)] and cache.bytes_used == 4 * (80 + MIN_SAVED)
+    target.seq_tokens[1][:] = list(range(200))  # bigger than the whole budget: not kept
+    cache.take_over(target, 1, [1])
+    assert len(cache) == 1 and cache.saved == 3
+
+
+def test_the_prompt_cache_leaves_a_slot_alone_while_a_move_is_pending() -> None:
+    """admission.py's set_aside moves a cache to another slot; llama.cpp copies the stream as the next decode
+    starts, so until then neither slot's cells are what their tokens say. A restore into either was overwritten
+    by that copy (a request's first token was another text's: found by test_concurrent_greedy_requests_...)."""
+    from specdec_cli.engine.batch.prompt_cache import PromptCache
+
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
+    cache = PromptCache(budget_bytes=1 << 20)
+    a = list(range(1000, 1040))
+    target.seq_tokens[0][:] = a
+    cache.take_over(target, 0, [1])
+    target.seq_tokens[1][:] = list(range(2000, 2040))
+    target.pending_moves.add(1)
+    assert cache.take_over(target, 1, a) == 0 and cache.saved == 1 and cache.restored == 0
+    target.pending_moves.clear()
+    assert cache.take_over(target, 1, a) == 40 and cache.saved == 2 and cache.restored == 1

@@ -222,6 +222,7 @@ def generate_kwargs(sampling: SamplingOptions, draft: DraftOptions, fixed_k: boo
 
 def load(
     models: ModelOptions, runtime: RuntimeOptions, ngram: NgramOptions, drafter: str, *, parallel: int = 1,
+    prompt_cache_mb: float = 0.0,
 ) -> Speculator:
     from specdec_cli import api
     from specdec_cli.render import warning
@@ -239,6 +240,7 @@ def load(
         ngram_cache=ngram.ngram_cache,
         verbose=runtime.verbose,
         parallel=parallel,
+        prompt_cache_mb=prompt_cache_mb,
         **runtime.load_kwargs(),
     )
     for message in spec.warnings:

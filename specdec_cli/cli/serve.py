@@ -26,6 +26,7 @@ from specdec_cli.cli.options import (
     with_options,
 )
 from specdec_cli.cli.output import Output
+from specdec_cli.engine.settings import DEFAULT_PROMPT_CACHE_MB
 
 GRACEFUL_SECONDS = 10  # on SIGINT/SIGTERM: time for in-flight generations to finish before they are cancelled
 
@@ -61,6 +62,12 @@ def serve(
                      "step's drafts add at most half a plain step, and short prompts are read first (--no-fair: "
                      "tokens per second over all slots only).", rich_help_panel="Server"),
     ] = True,
+    prompt_cache_mb: Annotated[
+        float,
+        typer.Option("--prompt-cache-mb", help="Memory for slots' caches kept for prompts that come back (a "
+                     "conversation another request's prompt displaced from its slot): restored instead of read "
+                     "again, bit for bit. 0: none.", rich_help_panel="Server"),
+    ] = DEFAULT_PROMPT_CACHE_MB,
     cors_origin: Annotated[
         list[str] | None,
         typer.Option("--cors-origin", help="Let web pages from this origin call the server (repeat it; * for any "
@@ -85,10 +92,10 @@ def serve(
             raise UsageError(f"--port must be from 0 to 65535, got {port}")
         if max_queue < 0:
             raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
-        check_load(n_ctx=runtime.ctx_size, n_threads=runtime.threads, parallel=parallel)
+        check_load(n_ctx=runtime.ctx_size, n_threads=runtime.threads, parallel=parallel, prompt_cache_mb=prompt_cache_mb)
         key = api_key or os.environ.get("SPECDEC_API_KEY") or None
         sock = listen(host, port)  # before loading: a port in use is one line, at once
-        with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel) as spec:
+        with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel, prompt_cache_mb=prompt_cache_mb) as spec:
             model_id = spec.choice.pair or spec.choice.target.name
             aliases = frozenset({"default"}) if model_id == registry.load().default else frozenset()
             def log(line: str) -> None:  # one line per request, as llama-server and uvicorn write them

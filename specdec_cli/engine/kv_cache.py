@@ -3,13 +3,14 @@ position, the common prefix with what comes next (so callers reuse it), moving a
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_cli.errors import UnsupportedModelError
+from specdec_cli.errors import InternalError, UnsupportedModelError
 
 
 class CacheMethods:
@@ -18,8 +19,10 @@ class CacheMethods:
 
     _C: Any
     _mem: Any
+    _ctx: Any
     path: Path
     seq_tokens: list[list[int]]
+    pending_moves: set[int]
 
     if TYPE_CHECKING:  # the model's
 
@@ -50,11 +53,39 @@ class CacheMethods:
         cell for cell as the next decode starts, before it places a token: `dst` computes bit for bit as `src`."""
         self._context()
         C = self._C  # noqa: N806
+        self.pending_moves.update((src, dst))  # until that decode, neither stream's cells are what they will be
         C.llama_memory_seq_rm(self._mem, dst, -1, -1)
         C.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
         C.llama_memory_seq_rm(self._mem, src, -1, -1)
         self.seq_tokens[dst][:] = self.seq_tokens[src]
         self.seq_tokens[src].clear()
+
+    def save_seq(self, seq: int = 0) -> bytes:
+        """`seq`'s cache as bytes (llama.cpp's sequence state: its cells' keys and values), for `restore_seq`. Not
+        while `seq` is in `pending_moves`: a moved stream's cells are copied as the next decode starts."""
+        self._context()
+        C = self._C  # noqa: N806
+        size = int(C.llama_state_seq_get_size(self._ctx, seq))
+        buf = (ctypes.c_uint8 * size)()
+        if int(C.llama_state_seq_get_data(self._ctx, buf, size, seq)) != size:
+            raise InternalError(f"{self.path.name}: llama.cpp could not save sequence {seq}'s cache")
+        return bytes(buf)
+
+    def restore_seq(self, seq: int, data: bytes, tokens: Sequence[int]) -> bool:
+        """Make `seq`'s cache what `save_seq` saved (`tokens`, the tokens it held); False, and `seq` empty,
+        where llama.cpp cannot place it (no room). Its cells land from the stream's first one on, in order, as
+        a prefill into an empty sequence puts them: the next decodes compute bit for bit as after that prefill
+        (tests/test_engine.py)."""
+        self._context()
+        C = self._C  # noqa: N806
+        C.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self.seq_tokens[seq].clear()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if int(C.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) != len(data):
+            C.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            return False
+        self.seq_tokens[seq].extend(tokens)
+        return True
 
     def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
         """How many leading tokens the cache already holds (called every step: list comparisons, which run in C)."""

@@ -69,6 +69,7 @@ class Model(VocabMethods, CacheMethods):
         self.n_seq = max(1, n_seq)
         self.unified = unified
         self.seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self.pending_moves: set[int] = set()  # sequences a `move_seq` has moved or overwritten, until the next decode
         self.tokens: list[int] = self.seq_tokens[0]
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
         self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
@@ -221,6 +222,7 @@ class Model(VocabMethods, CacheMethods):
         t0 = time.perf_counter()
         out, status = a.run_chain(self._batch.handle, tokens[0], len(held), min(k, self.n_ctx - len(held)), stop)
         self.decode_seconds += time.perf_counter() - t0
+        self.pending_moves.clear()
         done = [tokens[0], *out][: len(out)]  # decoded: the start and every token written but the last
         held.extend(done)
         self.decoded_tokens += len(done)
@@ -299,6 +301,7 @@ class Model(VocabMethods, CacheMethods):
         ret = C.llama_decode(self._ctx, self._batch.handle)
         C.llama_synchronize(self._ctx)
         self.decode_seconds += time.perf_counter() - t0
+        self.pending_moves.clear()  # llama_decode applies them before anything else
         if ret != 0:
             self._failed(ret, seqs)
         self.decoded_tokens += n_tokens

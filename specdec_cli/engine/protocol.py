@@ -93,6 +93,7 @@ class LoadedModel(LanguageModel, Protocol):
     n_seq: int
     n_batch: int
     seq_tokens: list[list[int]]
+    pending_moves: set[int]  # sequences `move_seq` moved or overwrote, until the next decode applies it
     warnings: list[str]
     placement: Placement | None  # the RPC servers it is on (None: local; engine/rpc.py)
     where: dict[str, float]  # MiB of weights per RPC server ("local": here), when placed
@@ -131,6 +132,14 @@ class LoadedModel(LanguageModel, Protocol):
 
     def move_seq(self, src: int, dst: int) -> None:
         """Move `src`'s cache to `dst` (dropping `dst`'s), leaving `src` empty; `dst` computes what `src` would."""
+        ...
+
+    def save_seq(self, seq: int = 0) -> bytes:
+        """`seq`'s cache as bytes, for `restore_seq` (engine/batch/prompt_cache.py)."""
+        ...
+
+    def restore_seq(self, seq: int, data: bytes, tokens: Sequence[int]) -> bool:
+        """Make `seq`'s cache what `save_seq` saved, holding `tokens`; False (and `seq` empty) where it cannot."""
         ...
 
     def common_prefix(self, tokens: Sequence[int], seq: int = 0) -> int: ...

@@ -72,6 +72,7 @@ MAX_DRAFT = 64  # a verification batch of K+1 rows; past this no drafter pays fo
 DEFAULT_K: dict[str, int] = {AUTO: MAX_DRAFT, MODEL: 4, NGRAM: MAX_DRAFT, HEADS: 3}  # heads: as many as trained
 DEFAULT_NGRAM = (2, 4)
 DEFAULT_POOL_MB = 64.0  # the token pool of earlier prompts and outputs (about 900k tokens)
+DEFAULT_PROMPT_CACHE_MB = 512.0  # slots' caches kept in host memory for requests that come back (engine/batch/)
 DEFAULT_P_MIN = 0.0
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_CTX = 4096
@@ -142,6 +143,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 # Parameters of loading (not of one generation), checked by `check_load`; their flags, for the CLI.
 LOAD_FLAGS = {"n_ctx": "--ctx-size", "n_threads": "--threads", "parallel": "--parallel",
               "ngram": "--ngram-min/--ngram-max", "drafter": "--drafter", "pool_mb": "--pool-mb",
+              "prompt_cache_mb": "--prompt-cache-mb",
               "kernels": "--kernels", "n_gpu_layers": "--gpu-layers", "draft_gpu_layers": "--draft-gpu-layers"}  # fmt: skip
 
 
@@ -247,7 +249,7 @@ def check_drafter(kind: str) -> DrafterKind:
 
 
 def check_load(*, n_ctx: int, n_threads: int | None, parallel: int = 1, ngram: tuple[int, int] = DEFAULT_NGRAM,
-               pool_mb: float = DEFAULT_POOL_MB) -> None:  # fmt: skip
+               pool_mb: float = DEFAULT_POOL_MB, prompt_cache_mb: float = DEFAULT_PROMPT_CACHE_MB) -> None:  # fmt: skip
     """The parameters of loading a pair (one place; the API calls it, the CLI before loading)."""
     if not 8 <= n_ctx <= 2**31 - 1:
         raise InvalidSetting("n_ctx", n_ctx, "from 8 to 2^31-1")
@@ -259,3 +261,5 @@ def check_load(*, n_ctx: int, n_threads: int | None, parallel: int = 1, ngram: t
         raise InvalidSetting("ngram", f"{ngram[0]} and {ngram[1]}", "two sizes with 1 <= min <= max")
     if not (math.isfinite(pool_mb) and 0 <= pool_mb <= 1 << 20):
         raise InvalidSetting("pool_mb", pool_mb, "a number of megabytes from 0 (off) to 2^20")
+    if not (math.isfinite(prompt_cache_mb) and 0 <= prompt_cache_mb <= 1 << 20):
+        raise InvalidSetting("prompt_cache_mb", prompt_cache_mb, "a number of megabytes from 0 (off) to 2^20")

@@ -1,14 +1,12 @@
 """Several generations at once: every active sequence in ONE target batch per step, drafting priced per step.
 
-Continuous batching as llama-server does it, with speculation in the same batch. The
-target and the draft each hold `n_slots` sequences (one KV stream each: see
-`Model`), and a step is:
+Continuous batching as llama-server does it, with speculation in the same batch. The target and the draft
+each hold `n_slots` sequences (one KV stream each: see `Model`), and a step is:
 
-1. admit waiting jobs into free slots (the slot whose cache holds most of the
-   prompt, else not the one whose job ended last, keeping the busy slots'
-   sequence ids contiguous where that is possible: engine/batch/admission.py);
-   with fair slots, while a streamed job's prompt is read, jobs nobody reads token
-   by token sit the step out (`taking_part`);
+1. admit waiting jobs into free slots (the slot whose cache holds most of the prompt, else not the one
+   whose job ended last, keeping the busy slots' ids contiguous where possible: admission.py; a kept state
+   of a slot's cache restored where it holds more: prompt_cache.py); with fair slots, while a streamed
+   job's prompt is read, jobs nobody reads token by token sit the step out (`taking_part`);
 2. plan: for every generating slot, how many tokens to draft and from where
    (the n-gram lookup, the draft model, or none), chosen together to maximise the
    expected tokens per second of the whole batch, within the fair bound on the
@@ -22,12 +20,11 @@ target and the draft each hold `n_slots` sequences (one KV stream each: see
    are cheaper than the extra pass an uneven batch costs (`ubatch_sizes`);
 5. verify each slot exactly as a solo run does (`SpeculativeGenerator.verify`).
 
-Why the layout matters: llama.cpp splits a multi-stream batch into micro-batches
-that hold the same number of tokens for each of a run of consecutive sequence ids
-(`llama_batch_allocr::split_equal`); every extra micro-batch is another pass over
-the weights. `ubatch_sizes` reproduces that split, so the planner prices a plan
-by the passes it will really cost, and fills a short or missing sequence with
-tokens it then rolls back when that is cheaper.
+Why the layout matters: llama.cpp splits a multi-stream batch into micro-batches that hold the same number
+of tokens for each of a run of consecutive sequence ids (`llama_batch_allocr::split_equal`); every extra
+micro-batch is another pass over the weights. `ubatch_sizes` reproduces that split, so the planner prices a
+plan by the passes it will really cost, and fills a short or missing sequence with tokens it then rolls back
+when that is cheaper.
 
 Exactness: each sequence's cells sit in its own stream as in a solo run, and the
 CPU kernels in exact mode are batch-invariant, so every slot's logits are
@@ -47,6 +44,7 @@ from collections.abc import Callable
 from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
 from specdec_cli.engine.batch.plan import Choice, Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
+from specdec_cli.engine.batch.prompt_cache import PromptCache
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
 from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
 from specdec_cli.engine.drafters.auto import AutoState
@@ -70,8 +68,9 @@ class BatchEngine:
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, state: AutoState, *, ngram: tuple[int, int] = (2, 4),
                  model_k_max: int | None = None, draft_costs: BatchCosts | None = None, pool: TokenPool | None = None,
-                 on_step: Callable[[int, int, int], None] | None = None, heads: Heads | None = None) -> None:  # fmt: skip
-        self.target = target
+                 on_step: Callable[[int, int, int], None] | None = None, heads: Heads | None = None,
+                 prompt_cache: PromptCache | None = None) -> None:  # fmt: skip
+        self.target, self.prompt_cache = target, prompt_cache
         self.draft = draft
         self.state = state
         self.ngram = ngram
@@ -192,7 +191,9 @@ class BatchEngine:
             return
         slot.job, slot.gen, job.slot = job, gen, slot.seq
         job.result = gen.result  # the verifier writes the text, tokens and steps there
-        keep = min(self.target.common_prefix(job.prompt, slot.seq), len(job.prompt) - 1)
+        cache, seq, prompt = self.prompt_cache, slot.seq, job.prompt  # what the slot, or a kept state, holds of it
+        held = cache.take_over(self.target, seq, prompt) if cache is not None else self.target.common_prefix(prompt, seq)
+        keep = min(held, len(prompt) - 1)
         self.target.rollback(keep, slot.seq)
         job.n_cached = keep
         slot.prefilled = keep
