@@ -197,6 +197,28 @@ def serve(name: str, base: str = "results/", servers: Sequence[str] | None = Non
     return render(data, name, table(header, rows) + "\n\n" + note, base, st["rounds"])
 
 
+def serve_request_host(name: str, base: str = "results/") -> str:
+    """Per server and concurrency, the median request's own host time: its time to first token less the prompt's
+    decode time the server reported (serve_bench's `request_host`), beside the median time to first token."""
+    data = load(name)
+    labels = [s for s in data["servers"] if any(r.get("request_host") for r in data["rounds"] if r["server"] == s)]
+    groups = _by(data["rounds"], "server", "clients")
+    rows = []
+    for c in data["settings"]["clients"]:
+        row = [str(c)]
+        for label in labels:
+            rs = groups.get((label, c), [])
+            hosts = [h for r in rs for h in r.get("request_host", [])]
+            row.append(f"{ms1(statistics.median(hosts))} of {ms(statistics.median(t for r in rs for t in r['ttft']))}"
+                       if hosts else "")  # fmt: skip
+        rows.append(row)
+    header = ["clients", *(f"{label}: request host time of TTFT" for label in labels)]
+    note = ("Median over every request: its time to first token less the prompt's decode time the server reports "
+            "(`timings.prompt_ms`; in process, the prefill's): HTTP, the chat template, tokenization, admission, the "
+            "stream's start, as each server counts its prompt.")  # fmt: skip
+    return render(data, name, table(header, rows) + "\n\n" + note, base, data["settings"]["rounds"])
+
+
 def serve_ratios(name: str, over: str, under: str) -> dict[int, list[float]]:
     """Per concurrency, each round's tokens/s of one server over another's (same round)."""
     data = load(name)

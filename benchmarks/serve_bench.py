@@ -11,7 +11,8 @@ different prompts. Servers: specdec with its default drafter (auto) and with
 `--no-draft`; llama-server plain and with the pair's draft (`-md` with
 `--spec-type draft-simple --spec-draft-n-max 4`: `-md` alone drafts nothing). Per run:
 aggregate completion tokens/s over the wall time, time to first token (request sent
-to first content chunk) p50/p95, per-request tokens/s (first to last chunk) median.
+to first content chunk) p50/p95, per-request tokens/s (first to last chunk) median, and a request's
+own host time: its time to first token less the prompt's decode time the server reports (`timings.prompt_ms`).
 Everything is measured in this one run, side by side; the ratios at the end are
 specdec auto over the better llama-server at the same concurrency. This machine's speed
 drifts by tens of percent over minutes: at each concurrency every server is started once and
@@ -127,9 +128,16 @@ class Run:
     tokens: int  # completion tokens in all
     texts: dict[str, str]
     ttfts: list[float]
+    # each request's time to first token less the prompt's decode time the server reports (`timings.prompt_ms`,
+    # llama-server's field, which specdec also sends): the request's own host time (HTTP, template, tokens,
+    # admission, the stream's start), as each server counts its prompt
+    hosts: list[float]
 
 
-def one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client | None = None) -> tuple[float, float, int, str]:
+Answer = tuple[float, float, int, str, float | None]  # TTFT, tokens/s, tokens, text, prompt seconds (server's)
+
+
+def one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client | None = None) -> Answer:
     """One streamed chat request. Each client thread keeps one connection (as the openai SDK does): a new
     `httpx.Client` per request costs about 30 ms here (its SSL context), which would count as TTFT."""
     if client is None:
@@ -143,12 +151,13 @@ def one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client | 
         return _one_request(base, prompt, max_tokens, client)  # once more, on a new connection, as SDKs retry
 
 
-def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) -> tuple[float, float, int, str]:
+def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) -> Answer:
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     first = last = None
     tokens = chunks = 0
+    prompt_s = None
     text = []
     with client.stream("POST", f"{base}/chat/completions", json=body) as r:
         r.raise_for_status()
@@ -158,6 +167,8 @@ def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) 
             data = json.loads(line[6:])
             if data.get("usage"):
                 tokens = data["usage"]["completion_tokens"]
+            if "prompt_ms" in data.get("timings", {}):
+                prompt_s = data["timings"]["prompt_ms"] / 1000
             if data.get("choices") and data["choices"][0]["delta"].get("content"):
                 now = time.perf_counter()
                 first = first or now
@@ -166,14 +177,14 @@ def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) 
                 text.append(data["choices"][0]["delta"]["content"])
     assert first is not None and last is not None
     tokens = tokens or chunks
-    return first - t0, tokens / max(last - first, 1e-9), tokens, "".join(text)
+    return first - t0, tokens / max(last - first, 1e-9), tokens, "".join(text), prompt_s
 
 
-def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[float, float, int, str]],
-                first: int = 0) -> Run:  # fmt: skip
+def run_clients(clients: int, requests: int, one: Callable[[int, str], Answer], first: int = 0) -> Run:
     """`clients` threads, each sending `requests` prompts one after the other through `one(client, prompt)`
     (TTFT, tokens/s of the request, tokens, text); aggregate tokens/s over the wall time."""
     ttft: list[float] = []
+    hosts: list[float] = []
     tps: list[float] = []
     texts: dict[str, str] = {}
     total = [0]
@@ -182,9 +193,10 @@ def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[flo
     def client(c: int) -> None:
         for i in range(requests):
             prompt = PROMPTS[(first + c * requests + i) % len(PROMPTS)]
-            a, b, n, text = one(c, prompt)
+            a, b, n, text, prompt_s = one(c, prompt)
             with lock:
                 ttft.append(a)
+                hosts.extend([] if prompt_s is None else [a - prompt_s])
                 tps.append(b)
                 total[0] += n
                 texts[prompt] = text
@@ -197,25 +209,28 @@ def run_clients(clients: int, requests: int, one: Callable[[int, str], tuple[flo
         t.join()
     wall = time.perf_counter() - t0
     ttft.sort()
-    return Run(total[0] / wall, statistics.median(ttft), p95(ttft), statistics.median(tps), total[0], texts, ttft)
+    return Run(total[0] / wall, statistics.median(ttft), p95(ttft), statistics.median(tps), total[0], texts, ttft,
+               hosts)  # fmt: skip
 
 
 def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int, first_prompt: int = 0) -> Run:
     """The same clients calling `Speculator.stream` from threads: the batch engine without HTTP (a diagnosis:
     what the server layer costs on top of it)."""
 
-    def one(_client: int, prompt: str) -> tuple[float, float, int, str]:
+    def one(_client: int, prompt: str) -> Answer:
         t0 = time.perf_counter()
         first = last = None
-        n, text = 0, []
+        n, text, prompt_s = 0, [], None
         for chunk in spec.stream([{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0):
             if chunk.token_ids:
                 last = time.perf_counter()
                 first = first or last
                 n += len(chunk.token_ids)
                 text.append(chunk.text)
+            if chunk.generation is not None:
+                prompt_s = chunk.generation.stats.seconds.prefill
         assert first is not None and last is not None
-        return first - t0, n / max(last - first, 1e-9), n, "".join(text)
+        return first - t0, n / max(last - first, 1e-9), n, "".join(text), prompt_s
 
     return run_clients(clients, requests, one, first_prompt)
 
@@ -244,7 +259,8 @@ def pooled(runs: list[Run]) -> Run:
     for r in runs:
         texts.update(r.texts)
     return Run(statistics.mean(r.tokens_per_second for r in runs), statistics.median(ttft), p95(ttft),
-               statistics.median(r.per_request for r in runs), sum(r.tokens for r in runs), texts, ttft)  # fmt: skip
+               statistics.median(r.per_request for r in runs), sum(r.tokens for r in runs), texts, ttft,
+               [h for r in runs for h in r.hosts])  # fmt: skip
 
 
 def free_port() -> int:
@@ -391,12 +407,14 @@ def main() -> None:
     print(f"pair: {args.pair or 'default'}; {args.requests} requests per client, {args.max_tokens} tokens, greedy; "
           f"{args.rounds} round(s); specdec --parallel {args.specdec_parallel or 'max(4, clients)'}; "
           f"{os.cpu_count()} cores")  # fmt: skip
-    print(f"{'clients':>7}  {'server':>20}  {'tok/s':>7}  {'TTFT p50':>9}  {'TTFT p95':>9}  {'per request':>11}  {'tokens':>6}")
+    print(f"{'clients':>7}  {'server':>20}  {'tok/s':>7}  {'TTFT p50':>9}  {'TTFT p95':>9}  {'per request':>11}  {'tokens':>6}"
+          f"  {'request host':>12}")
     for c in clients:
         for label in servers:
             res = results[label, c]
+            host = f"{statistics.median(res.hosts) * 1000:>10.1f}ms" if res.hosts else f"{'-':>12}"
             print(f"{c:>7}  {label:>20}  {res.tokens_per_second:>7.1f}  {res.ttft_p50 * 1000:>7.0f}ms"
-                  f"  {res.ttft_p95 * 1000:>7.0f}ms  {res.per_request:>11.1f}  {res.tokens:>6}")  # fmt: skip
+                  f"  {res.ttft_p95 * 1000:>7.0f}ms  {res.per_request:>11.1f}  {res.tokens:>6}  {host}")  # fmt: skip
         ours, plain = results.get(("specdec auto", c)), results.get(("specdec --no-draft", c))
         theirs = [results[k, c] for k in LLAMA if (k, c) in results]
         if ours is None or plain is None:
@@ -411,7 +429,8 @@ def main() -> None:
             line += f" (by round: {', '.join(f'{x:.2f}' for x in per_round)}; median {statistics.median(per_round):.2f})"
         print(line + f"; same text with and without drafts: {ours.texts == plain.texts}")
     rounds = [{"server": label, "clients": c, "round": i, "tokens_per_second": round(r.tokens_per_second, 3),
-               "ttft": [round(t, 4) for t in r.ttfts], "per_request": round(r.per_request, 3), "tokens": r.tokens}
+               "ttft": [round(t, 4) for t in r.ttfts], "per_request": round(r.per_request, 3), "tokens": r.tokens,
+               "request_host": [round(h, 5) for h in r.hosts]}
               for (label, c), rs in runs.items() for i, r in enumerate(rs)]  # fmt: skip
     same = {str(c): results["specdec auto", c].texts == results["specdec --no-draft", c].texts for c in clients
             if ("specdec auto", c) in results and ("specdec --no-draft", c) in results}  # fmt: skip
