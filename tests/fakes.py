@@ -280,11 +280,11 @@ class FakeGGUF(FakeModel):
         self.seq_tokens[dst][:] = self.seq_tokens[src]
         self.seq_tokens[src].clear()
 
-    def save_seq(self, seq: int = 0) -> bytes:
+    def save_seq(self, seq: int = 0) -> bytearray:
         """A fake's cache is its tokens (its logits are a function of them): the state is their bytes."""
-        return np.asarray(self.seq_tokens[seq], dtype=np.int32).tobytes()
+        return bytearray(np.asarray(self.seq_tokens[seq], dtype=np.int32).tobytes())
 
-    def restore_seq(self, seq: int, data: bytes, tokens: Sequence[int]) -> bool:
+    def restore_seq(self, seq: int, data: bytearray, tokens: Sequence[int]) -> bool:
         self.seq_tokens[seq][:] = np.frombuffer(data, dtype=np.int32).tolist()
         assert self.seq_tokens[seq] == list(tokens)
         return True

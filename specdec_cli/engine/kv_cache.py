@@ -60,18 +60,19 @@ class CacheMethods:
         self.seq_tokens[dst][:] = self.seq_tokens[src]
         self.seq_tokens[src].clear()
 
-    def save_seq(self, seq: int = 0) -> bytes:
-        """`seq`'s cache as bytes (llama.cpp's sequence state: its cells' keys and values), for `restore_seq`. Not
-        while `seq` is in `pending_moves`: a moved stream's cells are copied as the next decode starts."""
+    def save_seq(self, seq: int = 0) -> bytearray:
+        """`seq`'s cache as bytes (llama.cpp's sequence state: its cells' keys and values), for `restore_seq`: one
+        copy, into a buffer kept as it is. Not while `seq` is in `pending_moves`: a moved stream's cells are
+        copied as the next decode starts."""
         self._context()
         C = self._C  # noqa: N806
         size = int(C.llama_state_seq_get_size(self._ctx, seq))
-        buf = (ctypes.c_uint8 * size)()
-        if int(C.llama_state_seq_get_data(self._ctx, buf, size, seq)) != size:
+        data = bytearray(size)
+        if int(C.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq)) != size:
             raise InternalError(f"{self.path.name}: llama.cpp could not save sequence {seq}'s cache")
-        return bytes(buf)
+        return data
 
-    def restore_seq(self, seq: int, data: bytes, tokens: Sequence[int]) -> bool:
+    def restore_seq(self, seq: int, data: bytearray, tokens: Sequence[int]) -> bool:
         """Make `seq`'s cache what `save_seq` saved (`tokens`, the tokens it held); False, and `seq` empty,
         where llama.cpp cannot place it (no room). Its cells land from the stream's first one on, in order, as
         a prefill into an empty sequence puts them: the next decodes compute bit for bit as after that prefill
@@ -80,7 +81,7 @@ class CacheMethods:
         C = self._C  # noqa: N806
         C.llama_memory_seq_rm(self._mem, seq, -1, -1)
         self.seq_tokens[seq].clear()
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)  # no copy
         if int(C.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) != len(data):
             C.llama_memory_seq_rm(self._mem, seq, -1, -1)
             return False

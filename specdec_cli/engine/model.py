@@ -74,6 +74,7 @@ class Model(VocabMethods, CacheMethods):
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
         self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
         self.warnings: list[str] = []  # things the user should know about how it was loaded
+        self._info: ModelInfo | None = None
 
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
@@ -188,8 +189,11 @@ class Model(VocabMethods, CacheMethods):
         return self.path.name
 
     def info(self) -> ModelInfo:
+        """The file's metadata, read once (a server asks for the chat template on every request)."""
         self._vocab  # noqa: B018 - raises on a closed model
-        return model_info(self._C, self._model, self.path)
+        if self._info is None:
+            self._info = model_info(self._C, self._model, self.path)
+        return self._info
 
     # ---------------------------------------------------------------- decode
     def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:

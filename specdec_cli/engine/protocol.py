@@ -134,11 +134,11 @@ class LoadedModel(LanguageModel, Protocol):
         """Move `src`'s cache to `dst` (dropping `dst`'s), leaving `src` empty; `dst` computes what `src` would."""
         ...
 
-    def save_seq(self, seq: int = 0) -> bytes:
+    def save_seq(self, seq: int = 0) -> bytearray:
         """`seq`'s cache as bytes, for `restore_seq` (engine/batch/prompt_cache.py)."""
         ...
 
-    def restore_seq(self, seq: int, data: bytes, tokens: Sequence[int]) -> bool:
+    def restore_seq(self, seq: int, data: bytearray, tokens: Sequence[int]) -> bool:
         """Make `seq`'s cache what `save_seq` saved, holding `tokens`; False (and `seq` empty) where it cannot."""
         ...
 

@@ -34,7 +34,7 @@ TOKENS_PER_GAIN = 64  # ... and at least one more per this many tokens it copies
 class PromptCache:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._states: OrderedDict[tuple[int, ...], bytes] = OrderedDict()  # oldest first
+        self._states: OrderedDict[tuple[int, ...], bytearray] = OrderedDict()  # oldest first
         self.bytes_used = 0
         self.saved = 0  # states kept
         self.restored = 0  # states restored into a slot
@@ -53,7 +53,7 @@ class PromptCache:
                 best = (tokens, n)
         return best
 
-    def put(self, tokens: tuple[int, ...], data: bytes) -> None:
+    def put(self, tokens: tuple[int, ...], data: bytearray) -> None:
         if len(data) > self.budget_bytes:
             return
         for kept in [t for t in self._states if len(t) <= len(tokens) and tokens[: len(t)] == t]:
