@@ -76,7 +76,7 @@ class CacheMethods:
         """Make `seq`'s cache what `save_seq` saved (`tokens`, the tokens it held); False, and `seq` empty,
         where llama.cpp cannot place it (no room). Its cells land from the stream's first one on, in order, as
         a prefill into an empty sequence puts them: the next decodes compute bit for bit as after that prefill
-        (tests/test_engine.py)."""
+        (tests/test_batch.py)."""
         self._context()
         C = self._C  # noqa: N806
         C.llama_memory_seq_rm(self._mem, seq, -1, -1)

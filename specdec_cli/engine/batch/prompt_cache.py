@@ -73,10 +73,11 @@ class PromptCache:
         if seq in target.pending_moves:  # its stream is copied over as the next decode starts: nothing to save,
             return common  # and a restore would be overwritten (admission.py's set_aside, in the same admission)
         tokens, n = self.best(prompt)
-        if len(held) - common >= MIN_SAVED and tuple(held) not in self._states:
-            self.put(tuple(held), target.save_seq(seq))
-        elif tuple(held) in self._states:
-            self._states.move_to_end(tuple(held))
+        now = tuple(held)
+        if now in self._states:
+            self._states.move_to_end(now)
+        elif len(held) - common >= MIN_SAVED:
+            self.put(now, target.save_seq(seq))
         if n - common >= max(MIN_GAIN, len(tokens) // TOKENS_PER_GAIN):
             data = self._states[tokens]
             if target.restore_seq(seq, data, tokens):
