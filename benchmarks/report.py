@@ -163,22 +163,25 @@ def _by(rounds: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list[
     return out
 
 
+def _serve_rows(data: dict[str, Any], labels: Sequence[str], cell: Callable[[list[dict[str, Any]]], str]) -> list[list[str]]:
+    """A serve table's rows: one per concurrency, a `cell` of each server's rounds there."""
+    groups = _by(data["rounds"], "server", "clients")
+    return [[str(c), *(cell(groups.get((label, c), [])) for label in labels)] for c in data["settings"]["clients"]]
+
+
+def _median_ttft(rounds: list[dict[str, Any]]) -> float:
+    return statistics.median(t for r in rounds for t in r["ttft"])
+
+
 def serve(name: str, base: str = "results/", servers: Sequence[str] | None = None) -> str:
     """Aggregate tokens/s and median time to first token per server and concurrency."""
     data = load(name)
     labels = [s for s in data["servers"] if servers is None or s in servers]
-    groups = _by(data["rounds"], "server", "clients")
-    rows = []
-    for c in data["settings"]["clients"]:
-        row = [str(c)]
-        for label in labels:
-            rs = groups.get((label, c), [])
-            if not rs:
-                row.append("")
-                continue
-            ttft = statistics.median(t for r in rs for t in r["ttft"])
-            row.append(f"{spread([r['tokens_per_second'] for r in rs], f1)}, {ms(ttft)}")
-        rows.append(row)
+
+    def cell(rs: list[dict[str, Any]]) -> str:
+        return f"{spread([r['tokens_per_second'] for r in rs], f1)}, {ms(_median_ttft(rs))}" if rs else ""
+
+    rows = _serve_rows(data, labels, cell)
     header = ["clients", *(f"{label}: tok/s, TTFT" for label in labels)]
     by_kernels: dict[str, list[str]] = {}
     for label in labels:  # servers that ran the same kernels, named together
@@ -202,16 +205,12 @@ def serve_request_host(name: str, base: str = "results/") -> str:
     decode time the server reported (serve_bench's `request_host`), beside the median time to first token."""
     data = load(name)
     labels = [s for s in data["servers"] if any(r.get("request_host") for r in data["rounds"] if r["server"] == s)]
-    groups = _by(data["rounds"], "server", "clients")
-    rows = []
-    for c in data["settings"]["clients"]:
-        row = [str(c)]
-        for label in labels:
-            rs = groups.get((label, c), [])
-            hosts = [h for r in rs for h in r.get("request_host", [])]
-            row.append(f"{ms1(statistics.median(hosts))} of {ms(statistics.median(t for r in rs for t in r['ttft']))}"
-                       if hosts else "")  # fmt: skip
-        rows.append(row)
+
+    def cell(rs: list[dict[str, Any]]) -> str:
+        hosts = [h for r in rs for h in r.get("request_host", [])]
+        return f"{ms1(statistics.median(hosts))} of {ms(_median_ttft(rs))}" if hosts else ""
+
+    rows = _serve_rows(data, labels, cell)
     header = ["clients", *(f"{label}: request host time of TTFT" for label in labels)]
     note = ("Median over every request: its time to first token less the prompt's decode time the server reports "
             "(`timings.prompt_ms`; in process, the prefill's): HTTP, the chat template, tokenization, admission, the "
