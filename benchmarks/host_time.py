@@ -1,6 +1,7 @@
 """What specdec's loop costs outside llama.cpp: host time per step, beside llama.cpp's own programs.
 
-    .venv/bin/python -m benchmarks.host_time [--pair NAME] [-n 128] [--repeats 3] [--llama-cpp-bin DIR]
+    .venv/bin/python -m benchmarks.host_time [--pair NAME | --target T.gguf --draft D.gguf] [-n 128] [--repeats 3]
+        [--llama-cpp-bin DIR]
 
 For the pair (default: the embedded default), greedy: the target alone (one-token steps), the draft model
 at a fixed K of 4, and the auto drafter (which plans every step, drafting or not), the same prompts, in
@@ -120,6 +121,8 @@ def llama_cpp(bin_dir: Path, spec: api.Speculator, n: int, threads: int) -> dict
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default=None)
+    ap.add_argument("--target", default=None, help="a target file instead of --pair (scripts/gpu-check.sh's models)")
+    ap.add_argument("--draft", default=None, help="its draft, with --target")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -127,7 +130,7 @@ def main() -> None:
     record.add_option(ap)
     args = ap.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
-    with api.load(args.pair, n_threads=args.threads, drafter="model") as spec:
+    with api.load(args.target or args.pair, args.draft, n_threads=args.threads, drafter="model") as spec:
         spec.remember = False
         spec.generate(PROMPTS[0], max_tokens=16)  # warm-up: first decodes, threads started
         for rep in range(args.repeats):

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# specdec on an NVIDIA GPU, on a machine with no network: build the patched llama.cpp with CUDA for this GPU,
-# write random-weight models of real shapes (8B and 135M pairs), probe batch-vs-single logits and batch costs,
-# run specdec (the target alone, exact mode, --kernels fast with each drafter, a greedy identity check) and
+# specdec on an NVIDIA GPU, on a machine with no network: build the patched llama.cpp with CUDA for this GPU
+# (or take the one gpu-bundle.sh prebuilt), write random-weight models of real shapes (8B and 135M pairs), probe
+# batch-vs-single logits and batch costs with llama.cpp's kernels and with patch 0008's batch-invariant ones
+# (GGML_CUDA_BATCH_INVARIANT=1) at every width 1-65, time both with llama-bench, run specdec (a greedy identity
+# check of exact mode with a draft, the target alone, exact mode, --kernels fast with each drafter) and
 # llama.cpp's own tools on the same pair. $OUT gets four files (the device tool brings back at most 8):
 # summary.md (tables), gpu-check.json (all of it, machine-readable, for docs to be generated from; both rewritten
 # after every phase, so a run cut short still says what it saw), log.txt, and raw.tar.gz (every run's JSON and
 # stderr, probe.json, the tools' output, cmake and build logs, made at the end).
 #
-#   bash scripts/gpu-bundle.sh                 here, with network: makes .gpu/ (ignored; under 40 MiB)
+#   bash scripts/gpu-bundle.sh                 here, with network: makes .gpu/ (ignored; under 56 MiB)
 #   OUT=/some/dir bash scripts/gpu-check.sh    there, from the project's root with .gpu/ carried
 #   bash scripts/gpu-check.sh --rehearse       here, no GPU: the same steps on the .venv's CPU build, the 135M
 #                                              pair only and short runs (into build/gpu-check-rehearse/out
 #                                              unless $OUT is set), to catch the script's bugs for free
 # Options: --tree runs the working tree's specdec_cli instead of the bundle's specdec.tar.gz.
-# Environment: GPU_CHECK_BUDGET (seconds for the whole script: 510 on a GPU; a step that would overrun it is
+# Environment: GPU_CHECK_BUDGET (seconds for the whole script: 540 on a GPU; a step that would overrun it is
 # skipped, the report is always written), GPU_CHECK_WORK (build, models, caches: build/gpu-check, kept, so a
 # second run on a warm machine skips the build and the models), GPU_CHECK_PYTHON (python3; --rehearse:
 # .venv/bin/python), GPU_CHECK_TOOLS_BIN (--rehearse: llama.cpp's tools built for the CPU; by default
@@ -44,7 +46,7 @@ if [ "$MODE" = rehearse ]; then
 else
   [ -n "${OUT:-}" ] || { echo "gpu-check: set OUT to a results folder (the device tool sets it)" >&2; exit 2; }
   W=${GPU_CHECK_WORK:-$ROOT/build/gpu-check}
-  BUDGET=${GPU_CHECK_BUDGET:-510}
+  BUDGET=${GPU_CHECK_BUDGET:-540}
   PY=${GPU_CHECK_PYTHON:-python3}
 fi
 T0=$(date +%s)
@@ -179,8 +181,15 @@ if [ ${#TODO[@]} -gt 0 ]; then
   el "writing models in the background: ${TODO[*]}"
   t=$(($(left) - 20))
   [ "$t" -gt 1 ] || t=1
-  PYTHONPATH=$SITE timeout -k 5 "$t" "$PY" "$GPUPY/gen_models.py" "$G/tok.gguf" "$M" "${TODO[@]}" \
-    > "$RAW/models.log" 2>&1 &
+  ( # one process per model: the 8B ones are minutes of random numbers each on one core
+    for n in "${TODO[@]}"; do
+      PYTHONPATH=$SITE timeout -k 5 "$t" "$PY" "$GPUPY/gen_models.py" "$G/tok.gguf" "$M" "$n" > "$RAW/models-$n.log" 2>&1 &
+    done
+    rc=0
+    for job in $(jobs -p); do wait "$job" || rc=1; done
+    cat "$RAW"/models-*.log > "$RAW/models.log"
+    exit "$rc"
+  ) &
   MODELS_PID=$!
   MODELS_T0=$(date +%s)
 fi
@@ -258,6 +267,12 @@ else
   if [ -f "$BDIR/bin/libllama.so" ] && [ "$(cat "$BDIR/.key" 2>/dev/null)" = "$BKEY" ]; then
     skip build "already built in $BDIR (warm machine)"
     fact build "reused"
+  elif [ -f "$G/prebuilt.tar.xz" ] && [ "$(cat "$G/prebuilt.key" 2>/dev/null)" = "$SRC_KEY" ] && [ "$CC" = 90 ]; then
+    # gpu-bundle.sh built this source for sm_90 on a machine without a GPU (CPU flags AVX2, no native ones)
+    rm -rf "$BDIR" && mkdir -p "$BDIR" && tar -xJf "$G/prebuilt.tar.xz" -C "$BDIR" || BUILT=0
+    skip build "prebuilt by gpu-bundle.sh for sm_90: $(cat "$G/prebuilt.args" 2>/dev/null)"
+    fact build "prebuilt"
+    fact cmake_args "$(cat "$G/prebuilt.args" 2>/dev/null)"
   else
     el "nvcc: ${NV:-none}; $(cmake --version | head -1); $(gcc --version | head -1)"
     configure || BUILT=0
@@ -298,23 +313,47 @@ if [ "$BUILT" = 0 ]; then
 fi
 
 export LLAMA_CPP_LIB_PATH=$LIB
+if [ "$MODE" = device ]; then # a prebuilt library finds cuBLAS where the toolkit or a Python package put it
+  CUBLAS_SO=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13' 2>/dev/null | head -1)
+  export LD_LIBRARY_PATH=$LIB${CUBLAS_SO:+:$(dirname "$CUBLAS_SO")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fact ld_library_path "$LD_LIBRARY_PATH"
+fi
 export PYTHONPATH=$W/src:$CODE${SITE:+:$SITE}
 export XDG_CACHE_HOME=$W/xdg SPECDEC_CACHE_DIR=$W/cache SPECDEC_CONFIG_DIR=$W/config SPECDEC_MODELS_DIR=$W/models-dir
 export HF_HUB_OFFLINE=1 NO_COLOR=1 SPECDEC_DEBUG=1
 rm -rf "$SPECDEC_CACHE_DIR" # kernel verdicts and calibrations are measured afresh on every check
 cd "$CODE" || exit 2        # python -m finds specdec_cli in the current folder first
 
-# --- (d) the probe -----------------------------------------------------------------------------------------
+# --- (d) the probe: llama.cpp's kernels, then patch 0008's at every width 1-65, flash attention on ---------------
 if [ "$MODE" = rehearse ]; then
   PROBE=("$M/r135m-q4_0.gguf" --ngl 0 --prefix "32,64" --threads 1)
+  PROBE_INV=("${PROBE[@]}" --sizes 1-9)
 else
-  PROBE=("$M/r135m-q4_0.gguf" "$M/r8b-q4_0.gguf" "$M/r8b-q4_k.gguf")
+  PROBE=("$M/r135m-q4_0.gguf" "$M/r8b-q4_0.gguf" "$M/r8b-q4_k.gguf" --prefix "64,1500")
+  PROBE_INV=("$M/r8b-q4_0.gguf" "$M/r8b-q4_k.gguf" "$M/r135m-q4_0.gguf" --prefix "64,1000,1500" --sizes 1-65)
 fi
-step probe 120 "$PY" "$GPUPY/probe.py" "$RAW/probe.json" "${PROBE[@]}" > "$RAW/probe.log" 2> "$RAW/probe.err"
-rc=$?
-cat "$RAW/probe.log"
-[ "$rc" -eq 0 ] || tail -5 "$RAW/probe.err"
-"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+probe() { # NAME SWITCH ARGS...: probe.py with GGML_CUDA_BATCH_INVARIANT=SWITCH
+  local name=$1 sw=$2 rc
+  shift 2
+  GGML_CUDA_BATCH_INVARIANT=$sw step "$name" 100 "$PY" "$GPUPY/probe.py" "$RAW/$name.json" "$@" --fa 1 --label "$name" \
+    > "$RAW/$name.log" 2> "$RAW/$name.err"
+  rc=$?
+  cat "$RAW/$name.log"
+  [ "$rc" -eq 0 ] || tail -5 "$RAW/$name.err"
+  "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+}
+probe probe 0 "${PROBE[@]}"
+probe probe-inv 1 "${PROBE_INV[@]}"
+
+# --- llama-bench on the 8B target: one token and a 512-token prompt, llama.cpp's kernels and patch 0008's -------
+if [ -n "${TOOLS_BIN:-}" ] && [ -x "$TOOLS_BIN/llama-bench" ] && [ "$MODE" = device ]; then
+  for sw in 0 1; do
+    GGML_CUDA_BATCH_INVARIANT=$sw step "llama-bench-target-$sw" 60 "$TOOLS_BIN/llama-bench" -m "$M/r8b-q4_0.gguf" \
+      -ngl 99 -p 512 -n 128 -fa 1 -r 3 -o json > "$RAW/tools/llama-bench-target$([ $sw = 1 ] && echo -inv).json" \
+      2> "$RAW/tools/llama-bench-target-$sw.err"
+  done
+  "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+fi
 
 # --- (e) specdec runs -----------------------------------------------------------------------------------------
 SD=("$PY" -m specdec_cli)
@@ -364,40 +403,26 @@ PY
   grep -iE "warn|exact|error" "$RAW/runs/$name.err" | head -2 >&5
 }
 
-run_pair() { # NAME T D
+run_pair() { # NAME T D: the target alone, exact mode (auto), exact model:4 against llama-speculative-simple's K=4
   local p=$1 t=$2 d=$3
   sd_run "$p-no-draft" "$p" no-draft "$N" 60 --target "$t" --no-draft "${NGL[@]}"
   sd_run "$p-exact" "$p" "exact (default)" "$N" 60 --target "$t" --draft "$d" "${NGL[@]}"
-  if [ "$KERNELS" = 1 ]; then
-    sd_run "$p-fast-model4" "$p" "fast model k4 fixed" "$N" 60 --target "$t" --draft "$d" --kernels fast \
-      --drafter model -k 4 --fixed-k "${NGL[@]}"
-    sd_run "$p-fast-auto" "$p" "fast auto" "$N" 60 --target "$t" --draft "$d" --kernels fast "${NGL[@]}"
-    sd_run "$p-fast-ngram" "$p" "fast ngram" "$N" 60 --target "$t" --kernels fast --drafter ngram "${NGL[@]}"
-  else
+  sd_run "$p-exact-model4" "$p" "exact model k4 fixed" "$N" 60 --target "$t" --draft "$d" --drafter model -k 4 --fixed-k \
+    "${NGL[@]}"
+}
+fast_runs() { # NAME T D: --kernels fast (llama.cpp's own kernels) with each drafter
+  local p=$1 t=$2 d=$3 c
+  if [ "$KERNELS" != 1 ]; then
     for c in fast-model4 fast-auto fast-ngram; do skip "run:$p-$c" "the CLI has no --kernels"; done
+    return
   fi
+  sd_run "$p-fast-model4" "$p" "fast model k4 fixed" "$N" 60 --target "$t" --draft "$d" --kernels fast \
+    --drafter model -k 4 --fixed-k "${NGL[@]}"
+  sd_run "$p-fast-auto" "$p" "fast auto" "$N" 60 --target "$t" --draft "$d" --kernels fast "${NGL[@]}"
+  sd_run "$p-fast-ngram" "$p" "fast ngram" "$N" 60 --target "$t" --kernels fast --drafter ngram "${NGL[@]}"
 }
 
-DRAFT_NGL=()
-[ ${#NGL[@]} -gt 0 ] && DRAFT_NGL=(--draft-gpu-layers 99)
-for pair in "${PAIRS[@]}"; do
-  read -r P T D <<< "$pair"
-  run_pair "$P" "$M/$T.gguf" "$M/$D.gguf"
-  if [ "$P" = "${PAIRS[0]%% *}" ]; then # the first (largest) pair, every layer on the GPU by name
-    if [ "$MODE" = rehearse ]; then
-      skip "run:$P-ngl99" "rehearsal: the CPU library refuses --gpu-layers 99"
-    else
-      sd_run "$P-ngl99" "$P" "exact, --gpu-layers 99" "$N" 60 --target "$M/$T.gguf" --draft "$M/$D.gguf" --gpu-layers 99 \
-        "${DRAFT_NGL[@]}"
-    fi
-  fi
-done
-"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
-
-# --- greedy identity: 8 prompts, the target alone against model:4 (--kernels fast, then exact) -------------------
-read -r P T D <<< "${PAIRS[0]}"
-T=$M/$T.gguf
-D=$M/$D.gguf
+# --- greedy identity first (what exactness on the GPU is judged by): 8 prompts, the target alone against model:4
 "$PY" - "$W/identity.jsonl" <<'PY'
 import json, sys
 prompts = [
@@ -414,43 +439,73 @@ with open(sys.argv[1], "w") as f:
     for i, p in enumerate(prompts, 1):
         f.write(json.dumps({"prompt": p, "category": f"p{i}", "name": f"p{i}"}) + "\n")
 PY
-identity() { # KEY ARGS...
-  local key=$1
-  shift
-  step "identity:$key" 150 "${SD[@]}" bench --target "$T" --draft "$D" --prompts "$W/identity.jsonl" \
+identity() { # KEY TARGET DRAFT ARGS...
+  local key=$1 t=$2 d=$3
+  shift 3
+  step "identity:$key" 150 "${SD[@]}" bench --target "$t" --draft "$d" --prompts "$W/identity.jsonl" \
     --configs "target,model:4" -n "$NI" --repeats 1 --warmup 0 --json "$@" "${NGL[@]}" "${RT[@]}" \
     > "$RAW/identity-$key.json" 2> "$RAW/identity-$key.err"
   tail -2 "$RAW/identity-$key.err"
+  "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+  grep -A4 "^## Greedy identity" "$OUT/summary.md"
 }
-if [ "$KERNELS" = 1 ]; then identity fast --kernels fast; else skip identity:fast "the CLI has no --kernels"; fi
-identity exact
-"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
-grep -A3 "^## Greedy identity" "$OUT/summary.md"
+read -r P T D <<< "${PAIRS[0]}"
+T=$M/$T.gguf
+D=$M/$D.gguf
+identity exact "$T" "$D"
+[ "$MODE" = device ] && identity exact-q4_k "$M/r8b-q4_k.gguf" "$D"
 
-# --- (f) llama.cpp's own tools on the same pair ----------------------------------------------------------------
+# --- (e) specdec runs on the first (largest) pair, then llama.cpp's own tools on it ------------------------------
+run_pair "$P" "$T" "$D"
+"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+
 if [ -n "$TOOLS_BIN" ]; then
   if [ -x "$TOOLS_BIN/llama-bench" ]; then
-    step llama-bench-target 90 "$TOOLS_BIN/llama-bench" -m "$T" -ngl 99 -p 0 -n 128 -fa 0,1 -r 3 -o json "${TT[@]}" \
-      > "$RAW/tools/llama-bench-target.json" 2> "$RAW/tools/llama-bench-target.err"
-    step llama-bench-draft 45 "$TOOLS_BIN/llama-bench" -m "$D" -ngl 99 -p 0 -n 128 -fa 0 -r 3 -o json "${TT[@]}" \
+    if [ "$MODE" = rehearse ]; then # on a GPU the 8B target was timed above, with both kernel sets
+      step llama-bench-target 90 "$TOOLS_BIN/llama-bench" -m "$T" -ngl 99 -p 0 -n 128 -fa 0,1 -r 3 -o json "${TT[@]}" \
+        > "$RAW/tools/llama-bench-target.json" 2> "$RAW/tools/llama-bench-target.err"
+    fi
+    step llama-bench-draft 45 "$TOOLS_BIN/llama-bench" -m "$D" -ngl 99 -p 0 -n 128 -fa 1 -r 3 -o json "${TT[@]}" \
       > "$RAW/tools/llama-bench-draft.json" 2> "$RAW/tools/llama-bench-draft.err"
   else
     skip llama-bench "no llama-bench in $TOOLS_BIN"
   fi
-  for fa in off on; do
-    step "llama-speculative-simple-fa-$fa" 60 "$TOOLS_BIN/llama-speculative-simple" -m "$T" -md "$D" -ngl 99 -ngld 99 \
-      -p "$PR" -n "$N" --spec-type draft-simple --spec-draft-n-max 4 -fa "$fa" --temp 0 "${TT[@]}" \
-      > "$RAW/tools/spec-fa-$fa.txt" 2>&1
-    echo "  llama-speculative-simple K=4 fa=$fa: $(grep -E "decoded|accept " "$RAW/tools/spec-fa-$fa.txt" | tr -s ' ' | tr '\n' ' ')"
-  done
+  step llama-speculative-simple-fa-on 60 "$TOOLS_BIN/llama-speculative-simple" -m "$T" -md "$D" -ngl 99 -ngld 99 \
+    -p "$PR" -n "$N" --spec-type draft-simple --spec-draft-n-max 4 -fa on --temp 0 "${TT[@]}" \
+    > "$RAW/tools/spec-fa-on.txt" 2>&1
+  echo "  llama-speculative-simple K=4 fa=on: $(grep -E "decoded|accept " "$RAW/tools/spec-fa-on.txt" | tr -s ' ' | tr '\n' ' ')"
 else
   skip llama.cpp-tools "rehearsal: no build/llama.cpp/bin (scripts/build-llama-cpp-tools.sh makes it)"
+fi
+"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+
+# --- then what is known to work elsewhere: --kernels fast, the small pair, every layer named ----------------------
+fast_runs "$P" "$T" "$D"
+DRAFT_NGL=()
+[ ${#NGL[@]} -gt 0 ] && DRAFT_NGL=(--draft-gpu-layers 99)
+if [ "$MODE" = rehearse ]; then
+  skip "run:$P-ngl99" "rehearsal: the CPU library refuses --gpu-layers 99"
+else
+  sd_run "$P-ngl99" "$P" "exact, --gpu-layers 99" "$N" 60 --target "$T" --draft "$D" --gpu-layers 99 "${DRAFT_NGL[@]}"
+fi
+for pair in "${PAIRS[@]:1}"; do
+  read -r P2 T2 D2 <<< "$pair"
+  run_pair "$P2" "$M/$T2.gguf" "$M/$D2.gguf"
+  fast_runs "$P2" "$M/$T2.gguf" "$M/$D2.gguf"
+done
+"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+if [ "$KERNELS" = 1 ]; then identity fast "$T" "$D" --kernels fast; else skip identity:fast "the CLI has no --kernels"; fi
+
+# --- host time per step on this pair (outside llama_decode), beside llama-bench and llama-speculative-simple ------
+if [ -f "$CODE/benchmarks/host_time.py" ]; then
+  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 120)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" --repeats 1 \
+    ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
+  grep -E "host|tokens/s|part" "$RAW/host-time.log" | head -12
 fi
 
 # --- (g) specdec bench ------------------------------------------------------------------------------------------
 BENCH=("${SD[@]}" bench --target "$T" --draft "$D" --configs "target,model:4,auto,ngram:auto" --repeats 1 -n "$NB"
-  --json)
-[ "$KERNELS" = 1 ] && BENCH+=(--kernels fast)
+  --json) # exact mode: on a GPU with patch 0008 it drafts
 step bench 150 "${BENCH[@]}" "${NGL[@]}" "${RT[@]}" > "$RAW/bench.json" 2> "$RAW/bench.err"
 tail -3 "$RAW/bench.err"
 

@@ -5,6 +5,8 @@ that does not load or a GPU out of memory. scripts/gpu-check.sh shows the same o
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import subprocess
@@ -21,9 +23,13 @@ from specdec_cli.bench import external
 from specdec_cli.bench.core import BenchConfig
 from specdec_cli.cli import app
 from specdec_cli.engine import kernels, native
+from specdec_cli.engine.batch.engine import BatchEngine
+from specdec_cli.engine.drafters.auto import AutoState
+from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.settings import InvalidSetting, check_kernels
 from specdec_cli.errors import DeviceError
 from tests.conftest import THREADS
+from tests.fakes import FakeGGUF
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETEND = native.Device("CUDA0", "Pretend GPU", 1000.0, 2000.0)
@@ -167,6 +173,62 @@ def test_the_gpu_probe_compares_every_width_after_each_prefix() -> None:
     assert kernels.GPU_PROBE_WIDTHS[:65] == tuple(range(1, 66)) and max(kernels.GPU_PROBE_WIDTHS) == 256
 
 
+CUDA_INFO = ("CPU : SSE3 = 1 | BATCH_INVARIANT = 1 | CUDA : ARCHS = 900 | USE_GRAPHS = 1 | BATCH_INVARIANT_CUDA = {on} | "
+             "BATCH_INVARIANT_CUDA_MAX = {width} | ")  # llama_print_system_info on a CUDA build with patch 0008
+
+
+@pytest.mark.parametrize(("info", "width"), [
+    (CUDA_INFO.format(on=1, width=128), 128),
+    (CUDA_INFO.format(on=1, width=40), 40),
+    (CUDA_INFO.format(on=0, width=128), None),  # GGML_CUDA_BATCH_INVARIANT=0: llama.cpp's own kernels
+    ("CPU : SSE3 = 1 | BATCH_INVARIANT = 1 | CUDA : ARCHS = 900 | USE_GRAPHS = 1 | ", None),  # a build without 0008
+    ("CPU : SSE3 = 1 | BATCH_INVARIANT = 1 | ", None),  # a CPU build
+])  # fmt: skip
+def test_the_gpu_probe_takes_the_widths_patch_0008_covers(monkeypatch: pytest.MonkeyPatch, info: str,
+                                                          width: int | None) -> None:  # fmt: skip
+    """Patch 0008 computes batches of up to its width row by row on the GPU (wider ones, long prompts, with
+    llama.cpp's own kernels): the probe takes every width up to it, which is all an exact GPU model's steps use
+    (Model.exact_width caps a server's); a build without it, or with it off, is probed at every width."""
+    monkeypatch.setattr(native, "system_info", lambda: info)
+    assert native.cuda_invariant_width() == width
+    widths = kernels.gpu_probe_widths()
+    if width is None:
+        assert widths == kernels.GPU_PROBE_WIDTHS
+    else:
+        assert max(widths) == width and widths[: min(width, 65)] == tuple(range(1, min(width, 65) + 1))
+        assert set(widths) <= set(kernels.GPU_PROBE_WIDTHS) | {width}
+    assert "BATCH_INVARIANT = 1" in info and kernels.invariant_build() is False  # a CPU feature, not the CUDA one
+    assert native.cuda_invariant_switch.__wrapped__() is None  # no CUDA library in this process
+
+
+@pytest.mark.parametrize(("exact_width", "budget"), [(None, 256), (128, 128), (512, 256)])
+def test_a_server_step_stays_within_the_width_the_gpu_computes_exactly(exact_width: int | None, budget: int) -> None:
+    """An exact GPU target with patch 0008 (Model.exact_width) takes at most that many tokens in a server's step,
+    prompt chunks beside other slots' drafts included: wider, its rows would go through llama.cpp's own kernels."""
+    target = FakeGGUF("target.gguf", n_ctx=1024, n_seq=2, n_batch=256)
+    target.exact_width = exact_width
+    engine = BatchEngine(target, None, AutoState(costs=BatchCosts({2: 1.2}, 0.01, interpolate=True)))
+    try:
+        assert engine.budget == budget and engine.planner.budget == budget
+    finally:
+        engine.close()
+
+
+def test_each_model_sets_the_cuda_switch_for_its_own_decodes(smol_path: Path) -> None:
+    """Patch 0008's switch is process-wide: an exact GPU target turns it on before each of its decodes, a draft or
+    `--kernels fast` model (or a CPU's) off, so each llama.cpp context runs (and keeps CUDA graphs of) its own."""
+    from specdec_cli.engine.model import Model
+
+    with contextlib.closing(Model(smol_path, n_ctx=256, n_threads=THREADS)) as model:
+        assert model._cuda_switch is None and model.exact_width is None  # a CPU build: no switch, no limit
+        model._cuda_switch = switch = ctypes.c_bool(True)
+        model.decode(model.tokenize("Hello", add_special=True, parse_special=False))
+        assert switch.value is False  # the CPU's kernels set, not the GPU's
+        model.kernels = kernels.GPU
+        model.decode(model.tokenize(" there", add_special=False, parse_special=False))
+        assert switch.value is True
+
+
 PRETEND_GPU = """
 import json, sys
 from specdec_cli.engine import kernels, native
@@ -238,6 +300,10 @@ def test_llama_cpp_tools_run_on_the_targets_device_and_kernels(tmp_path: Path) -
     assert "-fa off --no-repack -ngl 0" in cpu and "-ngld 0" in cpu
     assert external.target_kernels(kernels.INVARIANT)[0] == ["-fa", "on", "-ngl", "0"]
     assert external.target_kernels(kernels.FAST, 20)[0] == ["-fa", "auto", "-ngl", "20"]
+    # patch 0008's CUDA kernels where specdec's target computes with them (its probe passed), llama.cpp's elsewhere
+    assert external.target_kernels(kernels.GPU, 999)[1]["GGML_CUDA_BATCH_INVARIANT"] == "1"
+    for other in (kernels.FAST, kernels.INEXACT, kernels.INVARIANT):
+        assert external.target_kernels(other, 999)[1]["GGML_CUDA_BATCH_INVARIANT"] == "0"
 
 
 def test_a_gpu_out_of_memory_is_one_line_naming_the_fix() -> None:

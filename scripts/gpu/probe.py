@@ -6,6 +6,10 @@ time (the target alone), then roll back to P and decode b of them in one batch (
 rows' logits bit-identical to the single decodes? Also c(b) = time(batch of b) / time(one token).
 
     python scripts/gpu/probe.py OUT.json model.gguf... [--ngl 99] [--prefix 64,1500] [--threads 8]
+        [--sizes 2,3,4,...|2-65] [--fa 0,1] [--label NAME]
+
+--sizes: the batch widths compared (default the list below; "2-65" is every width from 2 to 65); costs are
+timed at the default list's widths among them. --label tags the records (say, the kernels' switch).
 
 OUT.json is rewritten after every measurement, so a run stopped by a timeout keeps what it measured.
 Used by scripts/gpu-check.sh.
@@ -72,6 +76,15 @@ def main() -> None:
     ngl = int(option(args, "--ngl", "99"))
     prefixes = [int(x) for x in option(args, "--prefix", "64,1500").split(",")]
     threads = int(option(args, "--threads", "8"))
+    spec = option(args, "--sizes", "")
+    if "-" in spec:
+        lo, hi = (int(x) for x in spec.split("-"))
+        sizes = tuple(range(lo, hi + 1))
+    else:
+        sizes = tuple(int(x) for x in spec.split(",")) if spec else SIZES
+    timed = tuple(b for b in sizes if b in SIZES)
+    fas = [int(x) for x in option(args, "--fa", "0,1").split(",")]
+    label = option(args, "--label", "")
     models = [a for a in args if a.endswith(".gguf")]
     L.llama_backend_init()
     results: list[dict] = []
@@ -92,7 +105,7 @@ def main() -> None:
             continue
         vocab = L.llama_model_get_vocab(model)
         nv = L.llama_vocab_n_tokens(vocab)
-        for fa in (0, 1):
+        for fa in fas:
             s = Session(model, nv, fa, threads)
             ids = np.random.default_rng(1).integers(100, nv - 100, 2048).tolist()
             for P in prefixes:
@@ -100,12 +113,12 @@ def main() -> None:
                 for start in range(0, P, 512):
                     s.decode(ids[start:min(P, start + 512)], start, all_logits=False)
                 single = []
-                for j in range(max(SIZES)):
+                for j in range(max(sizes)):
                     s.decode([ids[P + j]], P + j)
                     single.append(s.logits(0))
                 single_rows = np.stack(single)
                 rows = {}
-                for b in SIZES:
+                for b in sizes:
                     L.llama_memory_seq_rm(s.mem, 0, P, -1)
                     s.decode(ids[P:P + b], P)
                     bl = np.stack([s.logits(i) for i in range(b)])
@@ -117,7 +130,7 @@ def main() -> None:
                     }
                 times = {}
                 if P == prefixes[0]:
-                    for b in (1, *SIZES):
+                    for b in (1, *timed):
                         ts = []
                         for _ in range(15):
                             L.llama_memory_seq_rm(s.mem, 0, P, -1)
@@ -126,13 +139,14 @@ def main() -> None:
                             L.llama_synchronize(s.ctx)
                             ts.append(time.perf_counter() - t)
                         times[b] = float(np.median(ts[3:]))
-                rec = {"model": name, "fa": fa, "prefix": P, "ngl": ngl, "rows": rows,
+                rec = {"model": name, "label": label, "fa": fa, "prefix": P, "ngl": ngl, "rows": rows,
                        "ms_one": times.get(1, 0) * 1e3,
                        "c": {b: times[b] / times[1] for b in times} if times else {}}
                 results.append(rec)
-                eq = "".join("=" if rows[b]["equal"] else "x" for b in SIZES)
+                eq = "".join("=" if rows[b]["equal"] else "x" for b in sizes)
                 worst = max(r["maxdiff"] for r in rows.values())
-                print(f"{rec['model']} fa={fa} P={P}: batch==single by size {SIZES}: {eq} max|diff| {worst:.3g}"
+                print(f"{label + ' ' if label else ''}{rec['model']} fa={fa} P={P}: batch==single at widths "
+                      f"{sizes[0]}-{sizes[-1]}: {eq} ({sum(r['equal'] for r in rows.values())}/{len(rows)}) max|diff| {worst:.3g}"
                       + (f"; one token {rec['ms_one']:.2f} ms; c(b) " + " ".join(f"{b}:{c:.2f}" for b, c in rec["c"].items())
                          if times else ""), flush=True)
                 save()

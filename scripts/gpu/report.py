@@ -190,6 +190,7 @@ def tools(out: Path) -> dict[str, Any]:
         d = read_json(path)
         res[path.stem] = [
             {"model": Path(x.get("model_filename", "")).name, "fa": x.get("flash_attn"), "n_gen": x.get("n_gen"),
+             "n_prompt": x.get("n_prompt"),
              "n_gpu_layers": x.get("n_gpu_layers"), "avg_ts": x.get("avg_ts"), "stddev_ts": x.get("stddev_ts"),
              "backends": x.get("backends"), "gpu_info": x.get("gpu_info")}
             for x in d or [] if isinstance(x, dict)
@@ -242,14 +243,17 @@ def report(out: Path, dest: Path) -> None:
     st = read_json(out / "stamp.json") or {}
     meta = read_json(out / "meta.json") or {}
     steps = tsv(out / "steps.tsv", ["step", "rc", "seconds", "note"])
-    probe = read_json(out / "probe.json")
+    probe = [p for name in ("probe.json", "probe-inv.json") for p in (read_json(out / name) or [])
+             if isinstance(p, dict)]  # llama.cpp's kernels, then patch 0008's (GGML_CUDA_BATCH_INVARIANT=1)
     rs = runs(out)
     ident = identity(out)
     tl = tools(out)
     bn = bench(out)
+    ht = read_json(out / "host-time.json")
     combined = {"stamp": st, "meta": meta, "steps": steps, "probe": probe,
                 "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in rs],
-                "identity": ident, "tools": tl, "bench": bn}
+                "identity": ident, "tools": tl, "bench": bn,
+                "host_time": {k: ht.get(k) for k in ("medians", "llama_cpp", "parts")} if isinstance(ht, dict) else None}
     (dest / "gpu-check.json").write_text(json.dumps(combined, indent=1))
 
     md = [f"# gpu-check ({st.get('mode', '?')})", ""]
@@ -262,21 +266,24 @@ def report(out: Path, dest: Path) -> None:
         md += [f"| {k} | `{json.dumps(v) if not isinstance(v, str) else v}` |" for k, v in meta.items()]
     md += ["", "## Steps", "", "| step | rc | seconds | note |", "|---|---|---|---|"]
     md += [f"| {s['step']} | {s['rc']} | {s['seconds']} | {s['note']} |" for s in steps]
-    if isinstance(probe, list) and probe:
-        md += ["", "## Probe: batch vs one token at a time (`=` bit-identical rows, `x` not), c(b) = batch of b / one token", "",
-               "| model | fa | prefix | b: 2 3 4 5 8 9 16 17 32 33 64 | max abs diff | argmax same | ms/token | c(4) | c(8) | c(16) |",
-               "|---|---|---|---|---|---|---|---|---|---|"]
+    if probe:
+        md += ["", "## Probe: batch vs one token at a time (`=` bit-identical widths, `x` not), c(b) = batch of b / one token", "",
+               "| kernels | model | fa | prefix | widths | equal | max abs diff | argmax same | ms/token | c(5) | c(9) | c(17) | c(64) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in probe:
             if "error" in p:
-                md.append(f"| {p['model']} | - | - | {p['error']} | | | | | | |")
+                md.append(f"| {p.get('label') or 'stock'} | {p['model']} | - | - | {p['error']} | | | | | | | | |")
                 continue
             rows = p.get("rows", {})
             eq = "".join("=" if r["equal"] else "x" for r in rows.values())
             worst = max((r["maxdiff"] for r in rows.values()), default=0.0)
             am = f"{sum(r['argmax_same'] for r in rows.values())}/{sum(int(b) for b in rows)}"
             c = p.get("c") or {}
-            md.append(f"| {p['model']} | {p['fa']} | {p['prefix']} | `{eq}` | {worst:.3g} | {am} | "
-                      f"{fmt(p.get('ms_one') or None, 2)} | {fmt(c.get('4'), 2)} | {fmt(c.get('8'), 2)} | {fmt(c.get('16'), 2)} |")
+            widths = f"{min(map(int, rows))}-{max(map(int, rows))}" if rows else "-"
+            md.append(f"| {p.get('label') or 'stock'} | {p['model']} | {p['fa']} | {p['prefix']} | {widths} | "
+                      f"{sum(r['equal'] for r in rows.values())}/{len(rows)} `{eq}` | {worst:.3g} | {am} | "
+                      f"{fmt(p.get('ms_one') or None, 2)} | {fmt(c.get('5'), 2)} | {fmt(c.get('9'), 2)} | "
+                      f"{fmt(c.get('17'), 2)} | {fmt(c.get('64'), 2)} |")
     if rs:
         md += ["", "## specdec run (ids: token ids equal the pair's `--no-draft` run's)", "",
                "| pair | run | rc | s | tok/s | drafted | accepted | kernels target/draft | GPU layers target/draft | ids | stderr |",
@@ -298,12 +305,14 @@ def report(out: Path, dest: Path) -> None:
             md.append(f"- {k} ({v['config']}, {v['max_tokens']} tokens, kernels {kern(v['kernels'])}): "
                       f"**{v['identical']} of {v['prompts']}** identical")
     if tl:
-        md += ["", "## llama.cpp's tools", "", "| tool | model | fa | tok/s | accept |", "|---|---|---|---|---|"]
+        md += ["", "## llama.cpp's tools (`-inv`: GGML_CUDA_BATCH_INVARIANT=1)", "",
+               "| tool | model | fa | test | tok/s | accept |", "|---|---|---|---|---|---|"]
         for k, v in tl.items():
             if isinstance(v, list):
-                md += [f"| {k} | {x['model']} | {x['fa']} | {fmt(x['avg_ts'])} ± {fmt(x['stddev_ts'])} | |" for x in v]
+                md += [f"| {k} | {x['model']} | {x['fa']} | {'pp' + str(x['n_prompt']) if x.get('n_prompt') else 'tg' + str(x['n_gen'])} | "
+                       f"{fmt(x['avg_ts'])} ± {fmt(x['stddev_ts'])} | |" for x in v]
             else:
-                md.append(f"| {k} | | | {fmt(v.get('tokens_per_second'))} | {fmt(v.get('accept'), 2)} "
+                md.append(f"| {k} | | | | {fmt(v.get('tokens_per_second'))} | {fmt(v.get('accept'), 2)} "
                           f"({v.get('n_accept', '-')}/{v.get('n_drafted', '-')}) |")
     if bn and bn.get("results"):
         md += ["", "## specdec bench", "", "| config | category | tok/s (median) | speedup | acceptance | identical |",
@@ -311,6 +320,12 @@ def report(out: Path, dest: Path) -> None:
         for r in bn["results"]:
             md.append(f"| {r.get('config')} | {r.get('category')} | {fmt(r.get('tps_median'))} | {fmt(r.get('speedup'), 2)} | "
                       f"{fmt(r.get('acceptance_rate'), 2)} | {fmt(r.get('identical'))} |")
+    if isinstance(ht, dict) and ht.get("medians"):
+        md += ["", "## Host time per step (outside llama_decode), benchmarks.host_time", "",
+               "| config | host ms/step | decode ms/step | tok/s |", "|---|---|---|---|"]
+        md += [f"| {k} | {fmt(v.get('host_ms_per_step'), 3)} | {fmt(v.get('decode_ms_per_step'), 2)} | "
+               f"{fmt(v.get('tokens_per_second'))} |" for k, v in ht["medians"].items()]
+        md += [f"- {k}: {fmt(v)}" for k, v in (ht.get("llama_cpp") or {}).items()]
     (dest / "summary.md").write_text("\n".join(md) + "\n")
 
 

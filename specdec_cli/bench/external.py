@@ -18,7 +18,7 @@ from pathlib import Path
 from specdec_cli.api import Speculator
 from specdec_cli.bench.core import TARGET_ONLY, BenchConfig, BenchInputError, RunRecord, Summary, category_groups
 from specdec_cli.bench.prompts import BenchPrompt
-from specdec_cli.engine.kernels import INEXACT, INVARIANT, REFERENCE
+from specdec_cli.engine.kernels import GPU, INEXACT, INVARIANT, REFERENCE
 from specdec_cli.engine.settings import MODEL, NGRAM
 from specdec_cli.errors import SpecdecError
 
@@ -52,9 +52,11 @@ def target_kernels(kernel_set: str, gpu_layers: int = 0) -> tuple[list[str], dic
     tiled matmul, and repacked weights and flash attention where the batch-invariant kernels compute them (row
     by row, in fixed chunks), else neither; llamafile's sgemm on the same sums for one token as for a batch
     either way (the tools are built with specdec's patches, which the variable turns on). On a GPU, and with
-    `--kernels fast`, llama.cpp's own choice (`-fa auto`), as specdec's target. The serve benchmark's
-    `llama-server exact` runs these too."""
-    env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1"}
+    `--kernels fast`, llama.cpp's own choice (`-fa auto`), as specdec's target, with patch 0008's batch-invariant
+    CUDA kernels where the target computes with them (GPU: exact mode's probe passed) and llama.cpp's own
+    elsewhere. The serve benchmark's `llama-server exact` runs these too."""
+    env = {"GGML_CPU_TILED_MM": "0", "GGML_CPU_BATCH_INVARIANT": "1",
+           "GGML_CUDA_BATCH_INVARIANT": "1" if kernel_set == GPU else "0"}
     if kernel_set == INVARIANT:
         flags = ["-fa", "on"]
     elif kernel_set == REFERENCE or (kernel_set == INEXACT and not gpu_layers):  # a CPU's reference kernels

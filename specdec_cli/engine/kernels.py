@@ -15,10 +15,12 @@ logits do not depend on what else the batch holds. The kernel sets (`Model.kerne
 - `REFERENCE`: exact mode where the build is not patched, the model is on RPC servers, or the
   probe failed: repacked weights and flash attention off. On the CPU these are probed too: a stock build's
   llamafile sgemm computes one token of F32, F16 or Q8_0-family weights in another order than a batch.
-- `GPU`: exact mode with layers on a GPU: llama.cpp's own GPU kernels (flash attention as llama.cpp chooses),
-  probed at every width a verification or a server step uses, after a short and a long prefix
-  (`batch_equals_single_after`). Stock llama.cpp's CUDA kernels fail it (they pick other matrix-product and attention kernels, and other
-  reduction splits, by the number of tokens in the batch), so today exact mode on a GPU ends `INEXACT`.
+- `GPU`: exact mode with layers on a GPU, probed at every width a verification or a server step uses, after a
+  short and a long prefix (`batch_equals_single_after`). Stock llama.cpp's CUDA kernels fail it (they pick
+  other matrix-product and attention kernels, and other reduction splits, by the number of tokens in the
+  batch): exact mode there ends `INEXACT`. specdec's patch 0008 (GGML_CUDA_BATCH_INVARIANT=1, engine/native.py)
+  computes batches of up to its width (`native.cuda_invariant_width`) row by row: the probe then takes the
+  widths up to it, and a server's steps stay within it (`Model.exact_width`).
 - `INEXACT`: exact mode where the probe failed and no other kernel set is left to try (the CPU's reference
   kernels, a GPU's): the target must decode alone (no drafts, one sequence at a time: api.py), which is
   exactly how it decodes without specdec.
@@ -57,7 +59,7 @@ DESCRIPTIONS = {
     INVARIANT: "batch-invariant kernels (repacked weights row by row, flash attention in fixed chunks)",
     REFERENCE: "reference kernels (repacked weights and flash attention off)",
     INEXACT: "kernels that compute a batch differently from one token at a time: the target decodes alone",
-    GPU: "llama.cpp's GPU kernels, probed: a batch computes as single tokens on this model",
+    GPU: "GPU kernels, probed: a batch computes as single tokens on this model",
 }
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the woods. " * 4
@@ -72,6 +74,15 @@ PROBE_SIZES = (12, 64)
 # splits follow the cache's length).
 GPU_PROBE_WIDTHS = (*range(1, MAX_DRAFT + 2), 96, 128, 192, 256)
 GPU_PROBE_PREFIXES = (64, 1024)
+
+
+def gpu_probe_widths() -> tuple[int, ...]:
+    """The widths the GPU probe takes: all of `GPU_PROBE_WIDTHS` on a stock build; on one with patch 0008's
+    kernels on, those up to the width they cover (and that width), which is all a GPU model's steps use."""
+    limit = native.cuda_invariant_width()
+    if limit is None:
+        return GPU_PROBE_WIDTHS
+    return tuple(sorted({w for w in GPU_PROBE_WIDTHS if w <= limit} | {limit}))
 
 
 def patched_build() -> bool:
@@ -284,7 +295,7 @@ def probe(model: Model) -> bool:
         if known is not None:
             return known
     if model.kernels == GPU:
-        verdict = batch_equals_single_after(model, GPU_PROBE_PREFIXES, GPU_PROBE_WIDTHS)
+        verdict = batch_equals_single_after(model, GPU_PROBE_PREFIXES, gpu_probe_widths())
     else:
         verdict = batch_equals_single(model)
     if verdict is None:

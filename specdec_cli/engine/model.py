@@ -24,6 +24,8 @@ from specdec_cli.engine.llama_batch import LlamaBatch
 from specdec_cli.engine.native import (
     bindings,
     clear_log,
+    cuda_invariant_switch,
+    cuda_invariant_width,
     install_log_callback,
     last_log_error,
     load_failure,
@@ -82,6 +84,8 @@ class Model(VocabMethods, CacheMethods):
         self.exact = exact  # False: a draft, which only proposes, keeps llama.cpp's faster kernels
         # The kernels (engine/kernels.py): chosen, loaded, probed; `settle` reopens with the reference ones
         self.kernels, why = kernels.choose(exact, self.placement is None, n_gpu_layers, vocab_only)
+        # patch 0008's process-wide switch, set before each of this model's decodes: on for an exact GPU model
+        self._cuda_switch = cuda_invariant_switch() if n_gpu_layers > 0 else None
         mparams.use_extra_bufts = self.kernels != kernels.REFERENCE
         self._open(mparams, lambda: self._init_context(n_ctx, n_threads, n_batch, vocab_only))
 
@@ -92,6 +96,8 @@ class Model(VocabMethods, CacheMethods):
 
         self.kernels, why = kernels.settle(self, why, reopen)
         self.warnings += [why] if why else []
+        # the widest batch whose rows the GPU computes as single tokens (patch 0008); None: any width (a CPU's)
+        self.exact_width = cuda_invariant_width() if self.kernels == kernels.GPU else None
 
     placement: Placement | None = None  # local; engine/rpc_model.py's PlacedModel puts layers on RPC servers
     where: dict[str, float] = {}  # MiB of weights per RPC server ("local": here), when placed
@@ -301,6 +307,8 @@ class Model(VocabMethods, CacheMethods):
     def _run_batch(self, n_tokens: int, seqs: tuple[int, ...]) -> None:
         C = self._C  # noqa: N806
         self._batch.handle.n_tokens = n_tokens
+        if self._cuda_switch is not None:
+            self._cuda_switch.value = self.kernels == kernels.GPU
         t0 = time.perf_counter()
         ret = C.llama_decode(self._ctx, self._batch.handle)
         C.llama_synchronize(self._ctx)

@@ -80,6 +80,10 @@ def default_threads() -> tuple[int, str | None]:
 # per process, at its first use.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 os.environ.setdefault("GGML_CPU_BATCH_INVARIANT", "1")
+# The CUDA twin (patch 0008): on a GPU, batches of up to GGML_CUDA_BATCH_INVARIANT_MAX rows computed as their
+# rows alone (matrix-vector kernels with one column's warps, attention one query at a time with a fixed KV
+# split). Read when the library loads; each exact GPU model turns it on for its own decodes (engine/model.py).
+os.environ.setdefault("GGML_CUDA_BATCH_INVARIANT", "1")
 
 def batch_invariant_switch() -> ctypes.c_bool:
     """Patch 0001's switch in the ggml CPU library llama.cpp loaded, which every patched kernel reads at each
@@ -94,6 +98,30 @@ def q4_0_gemm_switch() -> ctypes.c_bool | None:
     they go row by row like every other repacked type. None on a build without it."""
     try:
         return ctypes.c_bool.in_dll(_ggml_cpu(), "ggml_cpu_batch_invariant_gemm_q4_0")
+    except (OSError, ValueError):
+        return None
+
+
+def cuda_invariant_width() -> int | None:
+    """The widest batch patch 0008's CUDA kernels compute row by row, where this build has them and
+    GGML_CUDA_BATCH_INVARIANT=1 turned them on (its system info says so); None elsewhere."""
+    info = system_info() or ""
+    key = "BATCH_INVARIANT_CUDA_MAX = "
+    if "BATCH_INVARIANT_CUDA = 1 " not in info or key not in info:
+        return None
+    width = info.split(key, 1)[1].split(" ", 1)[0]
+    return int(width) if width.isdigit() else None
+
+
+@functools.cache
+def cuda_invariant_switch() -> ctypes.c_bool | None:
+    """Patch 0008's switch in the CUDA library llama.cpp loaded, read at every matrix product and attention
+    op: an exact GPU model turns it on for its decodes and a draft's or `--kernels fast` model's off (each
+    llama.cpp context keeps the CUDA graphs of its own setting). None on a build without it."""
+    if cuda_invariant_width() is None:
+        return None
+    try:
+        return ctypes.c_bool.in_dll(ctypes.CDLL("libggml-cuda.so.0", mode=os.RTLD_NOLOAD), "ggml_cuda_batch_invariant")
     except (OSError, ValueError):
         return None
 

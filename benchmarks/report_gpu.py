@@ -1,0 +1,125 @@
+"""Tables for docs/gpu.md from a kept `scripts/gpu-check.sh` results file (its `$OUT/gpu-check.json`, copied into
+docs/results/): patch 0008's batch-invariant CUDA kernels against llama.cpp's own (bit-identity by width, costs,
+llama-bench), greedy identity with a draft, and specdec beside llama.cpp's programs on the same GPU. Every figure
+is read from the file; a table whose step did not run says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.report import f1, f2, load, ratio, table
+
+STOCK, INVARIANT = "probe", "probe-inv"  # gpu-check.sh's labels: llama.cpp's kernels, patch 0008's
+
+
+def caption(data: dict[str, Any], name: str, base: str = "results/") -> str:
+    """The GPU, its driver and CUDA version, the host, the code and where the numbers are."""
+    s = data["stamp"]
+    commit = (s.get("commit") or "?")[:7] + (" + uncommitted changes" if s.get("dirty") else "")
+    parts = [f"{s.get('gpu')} ({s.get('gpu_memory')})", f"driver {s.get('driver')}", f"CUDA {s.get('cuda_driver_version')}",
+             f"nvcc {s.get('nvcc')}", f"{s.get('cpu')}, {s.get('cores')} cores", (s.get("date") or "")[:10],
+             f"commit {commit}", f"build: {data.get('meta', {}).get('build', 'on the GPU machine')}"]  # fmt: skip
+    return f"*{' · '.join(p for p in parts if p)}. `bash scripts/gpu-check.sh` · [{name}]({base}{name})*"
+
+
+def _probes(data: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    return [p for p in data.get("probe") or [] if p.get("label") == label and "rows" in p]
+
+
+def exactness(name: str, base: str = "results/") -> str:
+    """Batch against one token at a time, flash attention on: the widths whose logits are bit-identical, per
+    model and prefix, with llama.cpp's kernels and with patch 0008's."""
+    data = load(name)
+    rows = []
+    for label, kernels in ((STOCK, "llama.cpp's"), (INVARIANT, "patch 0008")):
+        for p in _probes(data, label):
+            widths = sorted(int(b) for b in p["rows"])
+            equal = sum(r["equal"] for r in p["rows"].values())
+            worst = max(r["maxdiff"] for r in p["rows"].values())
+            rows.append([kernels, p["model"].removesuffix(".gguf"), str(p["prefix"]), f"{widths[0]}-{widths[-1]}",
+                         f"{equal} of {len(widths)}", "0" if worst == 0 else f"{worst:.3g}"])  # fmt: skip
+    if not rows:
+        return "*The probe did not run.*"
+    return table(["kernels", "model", "prefix", "widths", "bit-identical widths", "max abs difference"], rows) + \
+        "\n\n" + caption(data, name, base)
+
+
+def costs(name: str, base: str = "results/") -> str:
+    """What a batch costs with each kernel set (c(b) = a batch of b tokens over one token, after the shortest
+    prefix), and llama-bench's single-stream and prompt speeds with each: the price of exactness."""
+    data = load(name)
+    out = []
+    by_model: dict[str, dict[str, dict[str, Any]]] = {}
+    for label in (STOCK, INVARIANT):
+        for p in _probes(data, label):
+            if p.get("c"):
+                by_model.setdefault(p["model"], {})[label] = p
+    widths = ("2", "4", "5", "8", "9", "16", "17", "32", "33", "64")
+    rows = []
+    for model, got in by_model.items():
+        for label, kernels in ((STOCK, "llama.cpp's"), (INVARIANT, "patch 0008")):
+            if label in got:
+                c = got[label]["c"]
+                rows.append([model.removesuffix(".gguf"), kernels, f"{got[label]['ms_one']:.2f} ms",
+                             *[f2(c[w]) if w in c else "-" for w in widths]])  # fmt: skip
+    if rows:
+        out.append(table(["model", "kernels", "one token", *[f"c({w})" for w in widths]], rows))
+    bench = (data.get("tools") or {})
+    stock, inv = bench.get("llama-bench-target") or [], bench.get("llama-bench-target-inv") or []
+    pairs = []
+    for s in stock:
+        i = next((x for x in inv if x["n_prompt"] == s["n_prompt"] and x["n_gen"] == s["n_gen"]), None)
+        if i and s.get("avg_ts") and i.get("avg_ts"):
+            test = f"pp{s['n_prompt']}" if s["n_prompt"] else f"tg{s['n_gen']}"
+            pairs.append([s["model"].removesuffix(".gguf"), test, f1(s["avg_ts"]), f1(i["avg_ts"]), ratio(i["avg_ts"] / s["avg_ts"])])
+    if pairs:
+        out.append(table(["llama-bench (flash attention on)", "test", "llama.cpp's kernels, tokens/s",
+                          "patch 0008, tokens/s", "patch 0008 / llama.cpp's"], pairs))  # fmt: skip
+    if not out:
+        return "*No costs were measured.*"
+    return "\n\n".join(out) + "\n\n" + caption(data, name, base)
+
+
+def identity(name: str, base: str = "results/") -> str:
+    """Greedy outputs with a draft (model:4) identical to the target alone's, per kernel set."""
+    data = load(name)
+    rows = []
+    for key, v in (data.get("identity") or {}).items():
+        if v.get("ok"):
+            k = v.get("kernels") or {}
+            rows.append([key, str(v.get("config")), f"{k.get('target')}", str(v.get("max_tokens")),
+                         f"{v['identical']} of {v['prompts']}"])  # fmt: skip
+    if not rows:
+        return "*The identity check did not run.*"
+    return table(["check", "drafter", "target's kernels", "tokens", "outputs identical to the target alone"], rows) + \
+        "\n\n" + caption(data, name, base)
+
+
+def speeds(name: str, base: str = "results/") -> str:
+    """specdec's runs on the 8B pair beside llama.cpp's programs on the same models and GPU."""
+    data = load(name)
+    runs = {r["label"]: r for r in data.get("runs") or [] if r.get("pair") == "8b" and r.get("ok")}
+    tools = data.get("tools") or {}
+    tg = {label: next((x["avg_ts"] for x in tools.get(key) or [] if x.get("n_gen") and not x.get("n_prompt")), None)
+          for label, key in (("stock", "llama-bench-target"), ("inv", "llama-bench-target-inv"))}
+    spec = (tools.get("spec-fa-on") or {}).get("tokens_per_second")
+    rows = []
+
+    def add(label: str, run: str, versus: str, other: float | None) -> None:
+        r = runs.get(run)
+        if r is None:
+            return
+        tps = r["tokens_per_second"]
+        rows.append([label, f1(tps), f"{r['drafted']} / {r['accepted']}", str((r.get("kernels") or {}).get("target")),
+                     versus, f1(other) if other else "-", ratio(tps / other) if other else "-"])  # fmt: skip
+
+    add("target alone", "no-draft", "llama-bench tg128, the same kernels", tg["inv"] if runs.get("no-draft", {}).get(
+        "kernels", {}).get("target") == "gpu" else tg["stock"])  # fmt: skip
+    add("exact, model:4 fixed", "exact model k4 fixed", "llama-speculative-simple K=4", spec)
+    add("exact, auto", "exact (default)", "llama-speculative-simple K=4", spec)
+    add("--kernels fast, model:4 fixed", "fast model k4 fixed", "llama-speculative-simple K=4", spec)
+    if not rows:
+        return "*specdec did not run on the GPU.*"
+    return table(["specdec (8B-shaped Q4_0 target, 2-layer draft)", "tokens/s", "drafted / accepted",
+                  "target's kernels", "llama.cpp", "tokens/s", "specdec / llama.cpp"], rows) + \
+        "\n\n" + caption(data, name, base)  # fmt: skip
