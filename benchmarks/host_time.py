@@ -18,6 +18,7 @@ else runs.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -95,12 +96,13 @@ def parts(spec: api.Speculator, n: int) -> dict[str, Any]:
 
 def llama_cpp(bin_dir: Path, spec: api.Speculator, n: int, threads: int) -> dict[str, float]:
     """llama-bench's single-stream tokens/s and llama-speculative-simple's at K = 4, on specdec's kernels."""
-    flags, env = target_kernels(spec.target.kernels, spec.gpu_layers[0])
+    flags, kernel_env = target_kernels(spec.target.kernels, spec.gpu_layers[0])
+    env = {**os.environ, **kernel_env}  # the tools' libraries may be found through LD_LIBRARY_PATH (a prebuilt one)
     target, draft = spec.choice.target, spec.choice.draft
     out: dict[str, float] = {}
     bench = subprocess.run([str(bin_dir / "llama-bench"), "-m", str(target), "-p", "0", "-n", str(n), "-t", str(threads),
                             "-r", "3", "-o", "csv", *[g for f in flags for g in (["--repack", "0"] if f == "--no-repack" else [f])]],
-                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+                           capture_output=True, text=True, errors="replace", env=env, timeout=600)  # fmt: skip
     rows = [line.split(",") for line in bench.stdout.splitlines() if line.count(",") > 10]
     if len(rows) >= 2 and "avg_ts" in rows[0]:
         out["llama-bench tokens/s"] = float(rows[-1][rows[0].index("avg_ts")].strip('"'))
@@ -109,7 +111,7 @@ def llama_cpp(bin_dir: Path, spec: api.Speculator, n: int, threads: int) -> dict
         cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "-p", prompt, "-n",
                str(n), "--temp", "0", "-t", str(threads), "-td", str(threads), "--spec-type", "draft-simple",
                "--spec-draft-n-max", "4", "--spec-draft-p-min", "0", "-ngld", str(spec.gpu_layers[1]), *flags]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=600)
         m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", proc.stdout + proc.stderr)
         if m:
             speeds.append(int(m.group(1)) / float(m.group(2)))

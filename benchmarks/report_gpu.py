@@ -96,30 +96,57 @@ def identity(name: str, base: str = "results/") -> str:
 
 
 def speeds(name: str, base: str = "results/") -> str:
-    """specdec's runs on the 8B pair beside llama.cpp's programs on the same models and GPU."""
+    """specdec on the 8B pair beside llama.cpp's programs on the same models and GPU: `specdec bench` (exact mode,
+    warm, its prompts) and one `specdec run --kernels fast`, against llama-bench's single stream with the kernels
+    specdec's target computes with and llama-speculative-simple at K = 4 (llama.cpp's own kernels)."""
     data = load(name)
-    runs = {r["label"]: r for r in data.get("runs") or [] if r.get("pair") == "8b" and r.get("ok")}
     tools = data.get("tools") or {}
-    tg = {label: next((x["avg_ts"] for x in tools.get(key) or [] if x.get("n_gen") and not x.get("n_prompt")), None)
-          for label, key in (("stock", "llama-bench-target"), ("inv", "llama-bench-target-inv"))}
+    tg = {key: next((x["avg_ts"] for x in tools.get(key) or [] if x.get("n_gen") and not x.get("n_prompt")), None)
+          for key in ("llama-bench-target", "llama-bench-target-inv")}
     spec = (tools.get("spec-fa-on") or {}).get("tokens_per_second")
+    bench = {r["config"]: r for r in ((data.get("bench") or {}).get("results") or []) if r.get("category") == "all"}
+    kernels = (((data.get("bench") or {}).get("models") or {}).get("kernels") or {}).get("target")
+    same = tg["llama-bench-target-inv" if kernels == "gpu" else "llama-bench-target"]
     rows = []
 
-    def add(label: str, run: str, versus: str, other: float | None) -> None:
-        r = runs.get(run)
-        if r is None:
-            return
-        tps = r["tokens_per_second"]
-        rows.append([label, f1(tps), f"{r['drafted']} / {r['accepted']}", str((r.get("kernels") or {}).get("target")),
-                     versus, f1(other) if other else "-", ratio(tps / other) if other else "-"])  # fmt: skip
+    def add(label: str, tps: float | None, accepted: str, versus: str, other: float | None) -> None:
+        if tps:
+            rows.append([label, f1(tps), accepted, versus, f1(other) if other else "-", ratio(tps / other) if other else "-"])
 
-    add("target alone", "no-draft", "llama-bench tg128, the same kernels", tg["inv"] if runs.get("no-draft", {}).get(
-        "kernels", {}).get("target") == "gpu" else tg["stock"])  # fmt: skip
-    add("exact, model:4 fixed", "exact model k4 fixed", "llama-speculative-simple K=4", spec)
-    add("exact, auto", "exact (default)", "llama-speculative-simple K=4", spec)
-    add("--kernels fast, model:4 fixed", "fast model k4 fixed", "llama-speculative-simple K=4", spec)
+    for config, versus, other in (("target", "llama-bench tg128, the same kernels", same),
+                                  ("model:4", "llama-speculative-simple K=4", spec),
+                                  ("auto", "llama-speculative-simple K=4", spec)):  # fmt: skip
+        r = bench.get(config)
+        if r:
+            rate = r.get("acceptance_rate")
+            add(f"bench, exact ({kernels} kernels): {config}", r.get("tps_median"), "-" if rate is None else f2(rate),
+                versus, other)  # fmt: skip
+    fast = next((r for r in data.get("runs") or [] if r.get("pair") == "8b" and r.get("label") == "fast model k4 fixed"
+                 and r.get("ok")), None)  # fmt: skip
+    if fast:
+        add("run --kernels fast: model:4", fast["tokens_per_second"], f2(fast["acceptance_rate"]) if fast.get(
+            "acceptance_rate") is not None else "-", "llama-speculative-simple K=4", spec)  # fmt: skip
     if not rows:
         return "*specdec did not run on the GPU.*"
-    return table(["specdec (8B-shaped Q4_0 target, 2-layer draft)", "tokens/s", "drafted / accepted",
-                  "target's kernels", "llama.cpp", "tokens/s", "specdec / llama.cpp"], rows) + \
-        "\n\n" + caption(data, name, base)  # fmt: skip
+    return table(["specdec, 8B-shaped Q4_0 target and its 2-layer draft", "tokens/s", "acceptance", "llama.cpp",
+                  "tokens/s", "specdec / llama.cpp"], rows) + "\n\n" + caption(data, name, base)  # fmt: skip
+
+
+def chunks(name: str, earlier: str, base: str = "results/") -> str:
+    """The same check's costs with patch 0008's wide batches in chunks of 8 columns (`name`, the patch as kept)
+    and of 16 (`earlier`, a 16-column MMVQ since dropped), beside llama.cpp's: why 8."""
+    rows = []
+    widths = ("9", "16", "17", "32", "64")
+    for file, label in ((name, "chunks of 8"), (earlier, "chunks of 16")):
+        data = load(file)
+        for p in _probes(data, INVARIANT):
+            if p.get("c") and p["model"].startswith("r8b-q4_0"):
+                rows.append([label, *[f2(p["c"][w]) if w in p["c"] else "-" for w in widths], f"[{file}]({base}{file})"])
+        if file == name:
+            for p in _probes(data, STOCK):
+                if p.get("c") and p["model"].startswith("r8b-q4_0"):
+                    rows.append(["llama.cpp's kernels", *[f2(p["c"][w]) if w in p["c"] else "-" for w in widths],
+                                 f"[{file}]({base}{file})"])  # fmt: skip
+    if not rows:
+        return "*No costs were measured.*"
+    return table(["8B-shaped Q4_0, flash attention on", *[f"c({w})" for w in widths], "results"], rows)

@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", "CHANGELOG.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
-PROLOGUE = "import docgen; from benchmarks import report"
+PROLOGUE = "import docgen; from benchmarks import report, report_gpu"
 
 
 def cell(text: str) -> str:

@@ -235,6 +235,15 @@ configure() {
   grep -iE "CUDA Toolkit|found CUDA|CUDA_ARCH|ggml-cuda|Including CUDA" "$RAW/cmake.log" | head -5
 }
 
+# CUDA's runtime and cuBLAS, where the toolkit or a Python package put them: a prebuilt library's RUNPATH names
+# the machine it was built on
+CUDA_LIBS=""
+if [ "$MODE" = device ]; then
+  for so in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+    f=$(find /usr/local/cuda*/ /usr/lib /opt -name "$so" 2>/dev/null | head -1)
+    [ -n "$f" ] && [[ ":$CUDA_LIBS:" != *":$(dirname "$f"):"* ]] && CUDA_LIBS+=${CUDA_LIBS:+:}$(dirname "$f")
+  done
+fi
 if [ "$MODE" = rehearse ]; then
   LIBS=("$ROOT"/.venv/lib/python3*/site-packages/llama_cpp/lib)
   LIB=${LIBS[0]}
@@ -267,10 +276,12 @@ else
   if [ -f "$BDIR/bin/libllama.so" ] && [ "$(cat "$BDIR/.key" 2>/dev/null)" = "$BKEY" ]; then
     skip build "already built in $BDIR (warm machine)"
     fact build "reused"
-  elif [ -f "$G/prebuilt.tar.xz" ] && [ "$(cat "$G/prebuilt.key" 2>/dev/null)" = "$SRC_KEY" ] && [ "$CC" = 90 ]; then
-    # gpu-bundle.sh built this source for sm_90 on a machine without a GPU (CPU flags AVX2, no native ones)
-    rm -rf "$BDIR" && mkdir -p "$BDIR" && tar -xJf "$G/prebuilt.tar.xz" -C "$BDIR" || BUILT=0
-    skip build "prebuilt by gpu-bundle.sh for sm_90: $(cat "$G/prebuilt.args" 2>/dev/null)"
+  elif [ -f "$G/prebuilt.tar.xz" ] && [ "$(cat "$G/prebuilt.key" 2>/dev/null)" = "$SRC_KEY" ] && [ "$CC" = 90 ] \
+      && rm -rf "$BDIR" && mkdir -p "$BDIR" && tar -xJf "$G/prebuilt.tar.xz" -C "$BDIR" \
+      && ! LD_LIBRARY_PATH=$BDIR/bin:$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ldd "$BDIR/bin/libggml-cuda.so" | grep "not found"; then
+    # gpu-prebuild.sh built this source for sm_90 on a machine without a GPU (CPU flags AVX2, no native ones), and
+    # its libraries find theirs here (else it is built here, below)
+    skip build "prebuilt by gpu-prebuild.sh for sm_90: $(cat "$G/prebuilt.args" 2>/dev/null)"
     fact build "prebuilt"
     fact cmake_args "$(cat "$G/prebuilt.args" 2>/dev/null)"
   else
@@ -313,10 +324,10 @@ if [ "$BUILT" = 0 ]; then
 fi
 
 export LLAMA_CPP_LIB_PATH=$LIB
-if [ "$MODE" = device ]; then # a prebuilt library finds cuBLAS where the toolkit or a Python package put it
-  CUBLAS_SO=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.13' 2>/dev/null | head -1)
-  export LD_LIBRARY_PATH=$LIB${CUBLAS_SO:+:$(dirname "$CUBLAS_SO")}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ "$MODE" = device ]; then
+  export LD_LIBRARY_PATH=$LIB:$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   fact ld_library_path "$LD_LIBRARY_PATH"
+  ldd "$LIB/libggml-cuda.so" 2>&1 | grep -E "not found|cublas|cudart|libcuda" >&5
 fi
 export PYTHONPATH=$W/src:$CODE${SITE:+:$SITE}
 export XDG_CACHE_HOME=$W/xdg SPECDEC_CACHE_DIR=$W/cache SPECDEC_CONFIG_DIR=$W/config SPECDEC_MODELS_DIR=$W/models-dir
@@ -349,7 +360,7 @@ probe probe-inv 1 "${PROBE_INV[@]}"
 if [ -n "${TOOLS_BIN:-}" ] && [ -x "$TOOLS_BIN/llama-bench" ] && [ "$MODE" = device ]; then
   for sw in 0 1; do
     GGML_CUDA_BATCH_INVARIANT=$sw step "llama-bench-target-$sw" 60 "$TOOLS_BIN/llama-bench" -m "$M/r8b-q4_0.gguf" \
-      -ngl 99 -p 512 -n 128 -fa 1 -r 3 -o json > "$RAW/tools/llama-bench-target$([ $sw = 1 ] && echo -inv).json" \
+      -ngl 99 -p 128,512 -n 128 -fa 1 -r 3 -o json > "$RAW/tools/llama-bench-target$([ $sw = 1 ] && echo -inv).json" \
       2> "$RAW/tools/llama-bench-target-$sw.err"
   done
   "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
@@ -479,6 +490,13 @@ else
 fi
 "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 
+# --- host time per step on this pair (outside llama_decode), beside llama-bench and llama-speculative-simple ------
+if [ -f "$CODE/benchmarks/host_time.py" ]; then
+  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 120)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" --repeats 1 \
+    ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
+  grep -E "host|tokens/s|part" "$RAW/host-time.log" | head -12
+fi
+
 # --- then what is known to work elsewhere: --kernels fast, the small pair, every layer named ----------------------
 fast_runs "$P" "$T" "$D"
 DRAFT_NGL=()
@@ -496,12 +514,6 @@ done
 "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 if [ "$KERNELS" = 1 ]; then identity fast "$T" "$D" --kernels fast; else skip identity:fast "the CLI has no --kernels"; fi
 
-# --- host time per step on this pair (outside llama_decode), beside llama-bench and llama-speculative-simple ------
-if [ -f "$CODE/benchmarks/host_time.py" ]; then
-  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 120)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" --repeats 1 \
-    ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
-  grep -E "host|tokens/s|part" "$RAW/host-time.log" | head -12
-fi
 
 # --- (g) specdec bench ------------------------------------------------------------------------------------------
 BENCH=("${SD[@]}" bench --target "$T" --draft "$D" --configs "target,model:4,auto,ngram:auto" --repeats 1 -n "$NB"

@@ -29,7 +29,6 @@ from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.settings import InvalidSetting, check_kernels
 from specdec_cli.errors import DeviceError
 from tests.conftest import THREADS
-from tests.fakes import FakeGGUF
 
 ROOT = Path(__file__).resolve().parent.parent
 PRETEND = native.Device("CUDA0", "Pretend GPU", 1000.0, 2000.0)
@@ -186,9 +185,9 @@ CUDA_INFO = ("CPU : SSE3 = 1 | BATCH_INVARIANT = 1 | CUDA : ARCHS = 900 | USE_GR
 ])  # fmt: skip
 def test_the_gpu_probe_takes_the_widths_patch_0008_covers(monkeypatch: pytest.MonkeyPatch, info: str,
                                                           width: int | None) -> None:  # fmt: skip
-    """Patch 0008 computes batches of up to its width row by row on the GPU (wider ones, long prompts, with
-    llama.cpp's own kernels): the probe takes every width up to it, which is all an exact GPU model's steps use
-    (Model.exact_width caps a server's); a build without it, or with it off, is probed at every width."""
+    """Patch 0008 computes batches of up to its width row by row on the GPU (wider ones with llama.cpp's own
+    kernels): the probe takes every width up to it, which is all an exact GPU model's decodes use
+    (Model.exact_width caps them); a build without it, or with it off, is probed at every width."""
     monkeypatch.setattr(native, "system_info", lambda: info)
     assert native.cuda_invariant_width() == width
     widths = kernels.gpu_probe_widths()
@@ -201,17 +200,30 @@ def test_the_gpu_probe_takes_the_widths_patch_0008_covers(monkeypatch: pytest.Mo
     assert native.cuda_invariant_switch.__wrapped__() is None  # no CUDA library in this process
 
 
-@pytest.mark.parametrize(("exact_width", "budget"), [(None, 256), (128, 128), (512, 256)])
-def test_a_server_step_stays_within_the_width_the_gpu_computes_exactly(exact_width: int | None, budget: int) -> None:
-    """An exact GPU target with patch 0008 (Model.exact_width) takes at most that many tokens in a server's step,
-    prompt chunks beside other slots' drafts included: wider, its rows would go through llama.cpp's own kernels."""
-    target = FakeGGUF("target.gguf", n_ctx=1024, n_seq=2, n_batch=256)
-    target.exact_width = exact_width
-    engine = BatchEngine(target, None, AutoState(costs=BatchCosts({2: 1.2}, 0.01, interpolate=True)))
-    try:
-        assert engine.budget == budget and engine.planner.budget == budget
-    finally:
-        engine.close()
+def test_an_exact_gpu_target_decodes_within_the_width_patch_0008_covers(monkeypatch: pytest.MonkeyPatch,
+                                                                        smol_path: Path) -> None:  # fmt: skip
+    """With patch 0008 (pretended: its width read from the system info, the probe passed), an exact GPU target
+    never decodes more than that width at once: a prompt goes in chunks of it, and so does a server step (its
+    budget is n_batch). Wider, llama.cpp's own kernels would compute rows that depend on the batch's make-up."""
+    from specdec_cli.engine import model as model_module
+
+    monkeypatch.setattr(native, "gpu_devices", lambda: (PRETEND,))
+    monkeypatch.setattr(model_module, "cuda_invariant_width", lambda: 48)
+    monkeypatch.setattr(kernels, "batch_equals_single_after", lambda *a: True)
+    monkeypatch.setenv("SPECDEC_KERNEL_PROBE", "always")
+    with contextlib.closing(model_module.Model(smol_path, n_ctx=256, n_threads=THREADS, n_gpu_layers=kernels.ALL_LAYERS,
+                                               n_batch=128)) as model:  # fmt: skip
+        assert model.kernels == kernels.GPU and model.exact_width == 48 and model.n_batch == 48
+        sizes = []
+        run = model._run_batch
+        monkeypatch.setattr(model, "_run_batch", lambda n, seqs: (sizes.append(n), run(n, seqs))[1])
+        model.decode(model.tokenize("The quick brown fox " * 12, add_special=True, parse_special=False))
+        assert max(sizes) <= 48 and len(sizes) >= 2
+        engine = BatchEngine(model, None, AutoState(costs=BatchCosts({2: 1.2}, 0.01, interpolate=True)))
+        try:
+            assert engine.budget == 48
+        finally:
+            engine.close()
 
 
 def test_each_model_sets_the_cuda_switch_for_its_own_decodes(smol_path: Path) -> None:

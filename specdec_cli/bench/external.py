@@ -135,7 +135,7 @@ def run_llama_cpp(
                     bin_dir, c, target, draft, text, max_tokens=max_tokens, threads=threads, ctx=spec.n_ctx,
                     kernel_set=spec.target.kernels, gpu_layers=layers,
                 )
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+                proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, timeout=600)
                 if proc.returncode != 0:
                     raise SpecdecError(
                         f"{Path(cmd[0]).name} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"

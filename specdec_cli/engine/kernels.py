@@ -20,7 +20,8 @@ logits do not depend on what else the batch holds. The kernel sets (`Model.kerne
   other matrix-product and attention kernels, and other reduction splits, by the number of tokens in the
   batch): exact mode there ends `INEXACT`. specdec's patch 0008 (GGML_CUDA_BATCH_INVARIANT=1, engine/native.py)
   computes batches of up to its width (`native.cuda_invariant_width`) row by row: the probe then takes the
-  widths up to it, and a server's steps stay within it (`Model.exact_width`).
+  widths up to it, and every decode of the target stays within it, prompts and server steps included
+  (`Model.exact_width`).
 - `INEXACT`: exact mode where the probe failed and no other kernel set is left to try (the CPU's reference
   kernels, a GPU's): the target must decode alone (no drafts, one sequence at a time: api.py), which is
   exactly how it decodes without specdec.
@@ -78,7 +79,7 @@ GPU_PROBE_PREFIXES = (64, 1024)
 
 def gpu_probe_widths() -> tuple[int, ...]:
     """The widths the GPU probe takes: all of `GPU_PROBE_WIDTHS` on a stock build; on one with patch 0008's
-    kernels on, those up to the width they cover (and that width), which is all a GPU model's steps use."""
+    kernels on, those up to the width they cover (and that width), which is all a GPU model's decodes use."""
     limit = native.cuda_invariant_width()
     if limit is None:
         return GPU_PROBE_WIDTHS

@@ -96,8 +96,12 @@ class Model(VocabMethods, CacheMethods):
 
         self.kernels, why = kernels.settle(self, why, reopen)
         self.warnings += [why] if why else []
-        # the widest batch whose rows the GPU computes as single tokens (patch 0008); None: any width (a CPU's)
+        # the widest batch whose rows the GPU computes as single tokens (patch 0008); None: any width (a CPU's).
+        # Every decode stays within it, prompts included: a wider one would take llama.cpp's own kernels, whose
+        # rows depend on the batch's make-up (and so on what a previous turn left undecoded)
         self.exact_width = cuda_invariant_width() if self.kernels == kernels.GPU else None
+        if self.exact_width:
+            self.n_batch = min(n_batch, self.exact_width)
 
     placement: Placement | None = None  # local; engine/rpc_model.py's PlacedModel puts layers on RPC servers
     where: dict[str, float] = {}  # MiB of weights per RPC server ("local": here), when placed

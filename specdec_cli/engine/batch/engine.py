@@ -81,7 +81,7 @@ class BatchEngine:
         if heads is not None:  # each slot guesses from its own hidden state; what the guesses are worth is shared
             for slot in self.slots:
                 slot.heads, slot.heads_shadow = HeadsDrafter(heads), ShadowScore(state.heads.tables)
-        self.budget = min(target.n_batch, getattr(target, "exact_width", None) or target.n_batch)  # GPU: patch 0008's
+        self.budget = target.n_batch
         self.planner = Planner(target, draft, state, draft_costs or BatchCosts(), n_slots=len(self.slots),
                                model_k_max=model_k_max, budget=self.budget)  # fmt: skip
         self.target_hidden = False  # the target returns hidden states (set per step)
