@@ -150,3 +150,19 @@ def chunks(name: str, earlier: str, base: str = "results/") -> str:
     if not rows:
         return "*No costs were measured.*"
     return table(["8B-shaped Q4_0, flash attention on", *[f"c({w})" for w in widths], "results"], rows)
+
+
+def streams(name: str, base: str = "results/") -> str:
+    """Several sequences in one batch (a server's step: four sequences at different lengths, a KV stream each)
+    against each sequence alone, per layout of tokens per sequence, with patch 0008's kernels and llama.cpp's."""
+    data = load(name)
+    rows = []
+    for p in data.get("streams") or []:
+        kernels = "patch 0008" if p.get("label") == "streams-inv" else "llama.cpp's"
+        for layout, r in (p.get("rows") or {}).items():
+            rows.append([kernels, p["model"].removesuffix(".gguf"), layout.replace("-", ", "),
+                         "yes" if r["equal"] else "no", "0" if r["maxdiff"] == 0 else f"{r['maxdiff']:.3g}"])  # fmt: skip
+    if not rows:
+        return "*The several-sequence probe did not run.*"
+    return table(["kernels", "model", "tokens of each sequence in the batch", "bit-identical to each alone",
+                  "max abs difference"], rows) + "\n\n" + caption(data, name, base)  # fmt: skip

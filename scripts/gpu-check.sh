@@ -14,7 +14,9 @@
 #   bash scripts/gpu-check.sh --rehearse       here, no GPU: the same steps on the .venv's CPU build, the 135M
 #                                              pair only and short runs (into build/gpu-check-rehearse/out
 #                                              unless $OUT is set), to catch the script's bugs for free
-# Options: --tree runs the working tree's specdec_cli instead of the bundle's specdec.tar.gz.
+# Options: --tree runs the working tree's specdec_cli instead of the bundle's specdec.tar.gz; --quick only checks
+# exactness (patch 0008's probes, one sequence and several, and greedy identity on the 8B Q4_0 pair), for a
+# device session's last minutes.
 # Environment: GPU_CHECK_BUDGET (seconds for the whole script: 540 on a GPU; a step that would overrun it is
 # skipped, the report is always written), GPU_CHECK_WORK (build, models, caches: build/gpu-check, kept, so a
 # second run on a warm machine skips the build and the models), GPU_CHECK_PYTHON (python3; --rehearse:
@@ -26,12 +28,14 @@ set -u
 
 MODE=device
 CODE_FROM=bundle
+QUICK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rehearse) MODE=rehearse ;;
     --tree) CODE_FROM=tree ;;
+    --quick) QUICK=1 ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu-check: unknown argument $1 (--rehearse, --tree, --help)" >&2; exit 2 ;;
+    *) echo "gpu-check: unknown argument $1 (--rehearse, --tree, --quick, --help)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -173,6 +177,7 @@ if [ "$MODE" = rehearse ]; then
 else
   NAMES=(r135m-q4_0 r135m-l3-q4_0 r8b-q4_0 r8b-l2-q4_0 r8b-q4_k)
   PAIRS=("8b r8b-q4_0 r8b-l2-q4_0" "135m r135m-q4_0 r135m-l3-q4_0")
+  [ "$QUICK" = 1 ] && NAMES=(r135m-q4_0 r8b-q4_0 r8b-l2-q4_0)
 fi
 TODO=()
 for n in "${NAMES[@]}"; do [ -f "$M/$n.gguf" ] || TODO+=("$n"); done
@@ -346,18 +351,34 @@ fi
 probe() { # NAME SWITCH ARGS...: probe.py with GGML_CUDA_BATCH_INVARIANT=SWITCH
   local name=$1 sw=$2 rc
   shift 2
-  GGML_CUDA_BATCH_INVARIANT=$sw step "$name" 100 "$PY" "$GPUPY/probe.py" "$RAW/$name.json" "$@" --fa 1 --label "$name" \
+  GGML_CUDA_BATCH_INVARIANT=$sw GGML_CPU_BATCH_INVARIANT=$sw GGML_CPU_TILED_MM=0 step "$name" 100 "$PY" "$GPUPY/probe.py" "$RAW/$name.json" "$@" --fa 1 --label "$name" \
     > "$RAW/$name.log" 2> "$RAW/$name.err"
   rc=$?
   cat "$RAW/$name.log"
   [ "$rc" -eq 0 ] || tail -5 "$RAW/$name.err"
   "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 }
-probe probe 0 "${PROBE[@]}"
+if [ "$QUICK" = 1 ]; then
+  [ "$MODE" = device ] && PROBE_INV=("$M/r8b-q4_0.gguf" "$M/r135m-q4_0.gguf" --prefix "64,1500" --sizes 1-65)
+else
+  probe probe 0 "${PROBE[@]}"
+fi
 probe probe-inv 1 "${PROBE_INV[@]}"
 
+# --- several sequences in one batch (a server's step), each against itself alone: patch 0008's kernels, then stock
+STREAMS=("$M/r135m-q4_0.gguf")
+[ "$MODE" = device ] && STREAMS+=("$M/r8b-q4_0.gguf")
+[ "$MODE" = rehearse ] && STREAMS+=(--ngl 0)
+for sw in 1 0; do
+  name=streams$([ $sw = 1 ] && echo -inv)
+  GGML_CUDA_BATCH_INVARIANT=$sw GGML_CPU_BATCH_INVARIANT=$sw GGML_CPU_TILED_MM=0 step "$name" 60 "$PY" "$GPUPY/probe_streams.py" "$RAW/$name.json" "${STREAMS[@]}" \
+    --label "$name" > "$RAW/$name.log" 2> "$RAW/$name.err" || tail -5 "$RAW/$name.err"
+  cat "$RAW/$name.log"
+done
+"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+
 # --- llama-bench on the 8B target: one token and a 512-token prompt, llama.cpp's kernels and patch 0008's -------
-if [ -n "${TOOLS_BIN:-}" ] && [ -x "$TOOLS_BIN/llama-bench" ] && [ "$MODE" = device ]; then
+if [ -n "${TOOLS_BIN:-}" ] && [ -x "$TOOLS_BIN/llama-bench" ] && [ "$MODE" = device ] && [ "$QUICK" = 0 ]; then
   for sw in 0 1; do
     GGML_CUDA_BATCH_INVARIANT=$sw step "llama-bench-target-$sw" 60 "$TOOLS_BIN/llama-bench" -m "$M/r8b-q4_0.gguf" \
       -ngl 99 -p 128,512 -n 128 -fa 1 -r 3 -o json > "$RAW/tools/llama-bench-target$([ $sw = 1 ] && echo -inv).json" \
@@ -464,6 +485,10 @@ read -r P T D <<< "${PAIRS[0]}"
 T=$M/$T.gguf
 D=$M/$D.gguf
 identity exact "$T" "$D"
+if [ "$QUICK" = 1 ]; then
+  finish
+  exit "$FAILED"
+fi
 [ "$MODE" = device ] && identity exact-q4_k "$M/r8b-q4_k.gguf" "$D"
 
 # --- (e) specdec runs on the first (largest) pair, then llama.cpp's own tools on it ------------------------------

@@ -19,6 +19,7 @@ NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 command -v ninja >/dev/null || { say "no ninja"; exit 2; }
 B=${GPU_PREBUILD_DIR:-$PWD/build/gpu-prebuild}
 mkdir -p "$B"
+SECONDS=0
 
 # shellcheck disable=SC1091
 source scripts/llama-source.sh
@@ -43,6 +44,7 @@ mkdir -p "$B/stub"
 printf 'int %s(void) { return 0; }\n' cuMemUnmap cuMemSetAccess cuMemRelease cuMemMap cuMemGetAllocationGranularity \
   cuMemCreate cuMemAddressReserve cuMemAddressFree cuGetErrorString cuDeviceGetAttribute cuDeviceGet > "$B/stub/cuda.c"
 gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$B/stub/libcuda.so" "$B/stub/cuda.c"
+ln -sf libcuda.so "$B/stub/libcuda.so.1" # the name the programs' link looks for (ggml-cuda's DT_NEEDED)
 
 ARGS=(-DGGML_RPC=ON -DGGML_NATIVE=OFF -DGGML_LLAMAFILE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
   -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
@@ -54,8 +56,8 @@ cmake -S "$SRC/vendor/llama.cpp" -B "$B/build" -G Ninja -DCMAKE_BUILD_TYPE=Relea
   -DCMAKE_CUDA_FLAGS="-I$CUBLAS/include" -DCMAKE_CXX_FLAGS="-I$CUBLAS/include" -DCMAKE_C_FLAGS="-I$CUBLAS/include" \
   > "$B/cmake.log"
 say "building llama, llama-bench and llama-speculative-simple with $(nproc) jobs (log: $B/build.log)"
-cmake --build "$B/build" -j "$(nproc)" --target llama llama-bench llama-speculative-simple > "$B/build.log" 2>&1 \
-  || { tail -30 "$B/build.log"; exit 1; }
+LD_LIBRARY_PATH="$B/stub:$CUBLAS/lib" cmake --build "$B/build" -j "$(nproc)" --target llama llama-bench \
+  llama-speculative-simple > "$B/build.log" 2>&1 || { tail -30 "$B/build.log"; exit 1; }
 printf '%s' "$PATCHES_SUM" > "$B/patches"
 printf '%s' "${ARGS[*]}" > "$B/args"
-say "built: $B/build/bin (patches $PATCHES_SUM); bash scripts/gpu-bundle.sh packs it"
+say "built in $((SECONDS / 60)) min: $B/build/bin (patches $PATCHES_SUM); bash scripts/gpu-bundle.sh packs it"

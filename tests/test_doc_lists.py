@@ -42,6 +42,7 @@ FOREIGN_OPTIONS = {
     "--fast",  # scripts/test.sh: the tests not marked slow
     "--check",  # scripts/docgen.py: fail where a generated block is stale
     "--rehearse",  # scripts/gpu-check.sh: the GPU check's steps on the CPU
+    "--quick",  # scripts/gpu-check.sh: exactness alone, for a device lease's last minutes
     "--slot-prompt-similarity",  # llama-server's: how it picks a slot (docs/design.md compares)
 }
 # A command line whose program is one of these (or a path to a script) is another tool's: its options are not

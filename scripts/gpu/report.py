@@ -250,7 +250,9 @@ def report(out: Path, dest: Path) -> None:
     tl = tools(out)
     bn = bench(out)
     ht = read_json(out / "host-time.json")
-    combined = {"stamp": st, "meta": meta, "steps": steps, "probe": probe,
+    streams = [p for name in ("streams-inv.json", "streams.json") for p in (read_json(out / name) or [])
+               if isinstance(p, dict)]  # several sequences in one batch: patch 0008's kernels, then stock
+    combined = {"stamp": st, "meta": meta, "steps": steps, "probe": probe, "streams": streams,
                 "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in rs],
                 "identity": ident, "tools": tl, "bench": bn,
                 "host_time": {k: ht.get(k) for k in ("medians", "llama_cpp", "parts")} if isinstance(ht, dict) else None}
@@ -284,6 +286,13 @@ def report(out: Path, dest: Path) -> None:
                       f"{sum(r['equal'] for r in rows.values())}/{len(rows)} `{eq}` | {worst:.3g} | {am} | "
                       f"{fmt(p.get('ms_one') or None, 2)} | {fmt(c.get('5'), 2)} | {fmt(c.get('9'), 2)} | "
                       f"{fmt(c.get('17'), 2)} | {fmt(c.get('64'), 2)} |")
+    if streams:
+        md += ["", "## Several sequences in one batch against each alone (`=` bit-identical, `x` not)", "",
+               "| kernels | model | tokens per sequence: result |", "|---|---|---|"]
+        for p in streams:
+            rows = p.get("rows") or {}
+            md.append(f"| {p.get('label')} | {p.get('model')} | "
+                      f"{p.get('error') or ' '.join(k + ':' + ('=' if v['equal'] else 'x') for k, v in rows.items())} |")
     if rs:
         md += ["", "## specdec run (ids: token ids equal the pair's `--no-draft` run's)", "",
                "| pair | run | rc | s | tok/s | drafted | accepted | kernels target/draft | GPU layers target/draft | ids | stderr |",
