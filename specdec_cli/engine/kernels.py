@@ -79,9 +79,11 @@ GPU_PROBE_PREFIXES = (64, 1024)
 
 def gpu_probe_widths() -> tuple[int, ...]:
     """The widths the GPU probe takes: all of `GPU_PROBE_WIDTHS` on a stock build; on one with patch 0008's
-    kernels on, those up to the width they cover (and that width), which is all a GPU model's decodes use."""
+    kernels on, those up to the width they cover (and that width), which is all a GPU model's decodes use. A
+    width below a verification's widest (GGML_CUDA_BATCH_INVARIANT_MAX set under MAX_DRAFT + 1) is probed at
+    every width, and fails: the target then decodes alone."""
     limit = native.cuda_invariant_width()
-    if limit is None:
+    if limit is None or limit < MAX_DRAFT + 1:
         return GPU_PROBE_WIDTHS
     return tuple(sorted({w for w in GPU_PROBE_WIDTHS if w <= limit} | {limit}))
 
