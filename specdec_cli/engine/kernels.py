@@ -178,10 +178,13 @@ def gpu_layers(asked: int | None, param: str, on_rpc: bool = False) -> int:
 
 def gpu_inexact(path: Path) -> str:
     """The line a GPU target carries when the probe found its batches computed differently from single tokens."""
-    return (f"{path.name}: on this GPU llama.cpp computes a batch of tokens differently from one token at a time, "
-            "so drafts could change the output: exact mode decodes the target alone, one request at a time. "
-            "`--kernels fast` drafts at llama.cpp's speed, with output that may differ from the target alone in "
-            "rare tokens (docs/gpu.md)")  # fmt: skip
+    why = ("specdec's batch-invariant CUDA kernels do not cover this model (float weights, a mixture of experts?)"
+           if native.cuda_invariant_width() else "this build lacks specdec's batch-invariant CUDA kernels "
+           "(scripts/setup.sh builds them)")  # fmt: skip
+    return (f"{path.name}: on this GPU llama.cpp computes a batch of tokens differently from one token at a time "
+            f"({why}), so drafts could change the output: exact mode decodes the target alone, one request at a "
+            "time. `--kernels fast` drafts at llama.cpp's speed, with output that may differ from the target alone "
+            "in rare tokens (docs/gpu.md)")  # fmt: skip
 
 
 def _verdicts() -> Path:
