@@ -166,3 +166,21 @@ def streams(name: str, base: str = "results/") -> str:
         return "*The several-sequence probe did not run.*"
     return table(["kernels", "model", "tokens of each sequence in the batch", "bit-identical to each alone",
                   "max abs difference"], rows) + "\n\n" + caption(data, name, base)  # fmt: skip
+
+
+def host_time(name: str, base: str = "results/") -> str:
+    """Host time per step on the GPU (`benchmarks.host_time` inside the check, 8B pair): wall time less the time
+    inside llama_decode, per configuration, and a model:4 step's parts."""
+    data = load(name)
+    ht = data.get("host_time") or {}
+    medians = ht.get("medians") or {}
+    if not medians:
+        return "*Host time was not measured on the GPU.*"
+    out = table(["greedy, 8B-shaped Q4_0 on the GPU", "host per step", "inside llama_decode", "tokens/s"],
+                [[k, f"{v['host_ms_per_step']:.3f} ms", f"{v['decode_ms_per_step']:.2f} ms", f1(v["tokens_per_second"])]
+                 for k, v in medians.items()])  # fmt: skip
+    parts = (ht.get("parts") or {}).get("us_per_step") or {}
+    if parts:
+        out += "\n\n" + table(["a model:4 step's host time, part by part", "per step"],
+                              [[k, f"{v:.1f} us"] for k, v in parts.items()])  # fmt: skip
+    return out + "\n\n" + caption(data, name, base)
