@@ -57,6 +57,9 @@ RUN_PRIOR = 4.0  # draft-model steps assumed to follow one another, before any r
 SHADOW_SHARE = 0.005  # at most this share of generation time goes to guesses of heads that are not chosen
 
 
+CALIBRATED_DRAFT_SAMPLES = 2  # a calibrated draft time counts as this many timings (AutoState.calibrated_draft)
+
+
 @dataclass
 class AutoState:
     """What the auto drafter has learned; a `Speculator` keeps it across generations (a chat goes on learning)."""
@@ -88,6 +91,15 @@ class AutoState:
         seeded sampled run, whose choices must not depend on timings)."""
         one, t = self.costs.one, self.heads_seconds
         return t / one if self.learn_costs and one and t is not None else 0.0
+
+    def calibrated_draft(self, seconds: float) -> None:
+        """Start from a calibrated draft token's time, counted as `CALIBRATED_DRAFT_SAMPLES` timings in the median:
+        a generation's first draft steps can be cold (on a GPU, a context's first calls load kernels and capture
+        graphs: one such step measured a 2-layer draft at 1.6 target tokens, which paused it for the whole
+        generation), and one or two of them must not outvote a measurement of fifteen decodes."""
+        self.draft_token_seconds = seconds
+        for _ in range(CALIBRATED_DRAFT_SAMPLES):
+            self.draft_samples.add(seconds)
 
     def draft_cost(self) -> float | None:
         """c_d: the draft's cost per token in single-token target decodes."""
