@@ -206,6 +206,7 @@ def parallel_starting_state(
         if cal.draft_agreement is not None:
             state.model = Acceptance(prior=cal.draft_agreement, weight=CALIBRATED_WEIGHT)
         state.costs = BatchCosts(cal.relative, cal.target_one, interpolate=interpolate)
-        state.calibrated_draft(cal.draft_one)
+        if cal.draft_one is not None:
+            state.calibrated_draft(cal.draft_one)
         draft_costs = BatchCosts(cal.draft_relative, cal.draft_one, interpolate=True)
     return state, draft_costs
