@@ -233,6 +233,7 @@ class Model(VocabMethods, CacheMethods):
         if a is None or not a.on or a.chain_fn is None or len(tokens) != 1:
             return chain_by_steps(self, tokens, k, stop)
         self._check_room(0, 1)
+        self._switch_kernels()
         t0 = time.perf_counter()
         out, status = a.run_chain(self._batch.handle, tokens[0], len(held), min(k, self.n_ctx - len(held)), stop)
         self.decode_seconds += time.perf_counter() - t0
@@ -311,8 +312,7 @@ class Model(VocabMethods, CacheMethods):
     def _run_batch(self, n_tokens: int, seqs: tuple[int, ...]) -> None:
         C = self._C  # noqa: N806
         self._batch.handle.n_tokens = n_tokens
-        if self._cuda_switch is not None:
-            self._cuda_switch.value = self.kernels == kernels.GPU
+        self._switch_kernels()
         t0 = time.perf_counter()
         ret = C.llama_decode(self._ctx, self._batch.handle)
         C.llama_synchronize(self._ctx)
@@ -321,6 +321,13 @@ class Model(VocabMethods, CacheMethods):
         if ret != 0:
             self._failed(ret, seqs)
         self.decoded_tokens += n_tokens
+
+    def _switch_kernels(self) -> None:
+        """Before each of this model's llama_decode calls: patch 0008's CUDA kernels on for an exact GPU target,
+        off for the rest (a draft, `--kernels fast`), so each context always computes (and keeps CUDA graphs)
+        with its own."""
+        if self._cuda_switch is not None:
+            self._cuda_switch.value = self.kernels == kernels.GPU
 
     def _failed(self, ret: int, seqs: tuple[int, ...]) -> None:
         if ret == BackendArgmax.NO_TOKEN:  # that decode went in, its token did not come out: forget the cell
