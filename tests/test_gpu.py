@@ -240,6 +240,15 @@ def test_each_model_sets_the_cuda_switch_for_its_own_decodes(smol_path: Path) ->
         model.kernels = kernels.GPU
         model.decode(model.tokenize(" there", add_special=False, parse_special=False))
         assert switch.value is True
+        # the greedy draft's chain (patch 0006: llama_decode calls in a C loop) sets it too
+        model.kernels = kernels.FAST
+        ids = model.tokenize(" and", add_special=False, parse_special=False)
+        model.decode_argmax(ids)
+        model.decode_argmax(model.tokenize(" so", add_special=False, parse_special=False))  # the graph's argmax on
+        assert model._argmax is not None and model._argmax.on and model._argmax.chain_fn is not None
+        switch.value = True
+        model.argmax_chain([ids[0]], 2, frozenset())
+        assert switch.value is False
 
 
 PRETEND_GPU = """
