@@ -103,8 +103,9 @@ def load(
     `n_gpu_layers` / `draft_gpu_layers`: layers on the GPU; None puts all of them there where this llama.cpp
     build found a GPU, none elsewhere (asking for some where there is no GPU raises `InvalidSetting`).
     `kernels`: "exact" (the target's kernels are probed to compute a batch as single tokens, else it decodes
-    alone: on a GPU today) or "fast" (llama.cpp's own kernels with drafts: its speed, and output that may
-    differ from the target alone in rare tokens; `models["exact"]` says which). docs/gpu.md.
+    alone: on a GPU, where the build lacks specdec's batch-invariant CUDA kernels or they do not cover the
+    model) or "fast" (llama.cpp's own kernels with drafts: its speed, and output that may differ from the
+    target alone in rare tokens; `models["exact"]` says which). docs/gpu.md.
 
     `open_model` opens the model files (default: llama.cpp; tests pass a fake, tests/fakes.py).
     """
