@@ -169,7 +169,7 @@ class RuntimeOptions:
     kernels: Annotated[
         str,
         typer.Option(help=f"{' or '.join(KernelChoice)}: {KernelChoice.EXACT} checks that the target computes a "
-                     "batch as single tokens (else it decodes alone, as on a GPU today); "
+                     "batch as single tokens (else it decodes alone, as on a GPU build without specdec's CUDA kernels); "
                      f"{KernelChoice.FAST} drafts with llama.cpp's own kernels, whose output may differ from the "
                      "target alone in rare tokens.", rich_help_panel="Runtime"),
     ] = DEFAULT_KERNELS
