@@ -48,9 +48,8 @@ class KernelChoice(enum.StrEnum):
     """Which kernels the target computes with, named once for the CLI (`--kernels`), the API and the server.
     EXACT: kernels probed to compute a batch of tokens as one token at a time, so drafting cannot change the
     output; where none pass (a GPU build without specdec's CUDA kernels), the target decodes alone
-    (engine/kernels.py). FAST: llama.cpp's
-    own kernels, with drafts, not probed: llama.cpp's speed, and output that may differ from the target alone
-    where two tokens' logits are within rounding of each other."""
+    (engine/kernels.py). FAST: llama.cpp's own kernels, with drafts, not probed: llama.cpp's speed, and output
+    that may differ from the target alone where two tokens' logits are within rounding of each other."""
 
     EXACT = "exact"
     FAST = "fast"
