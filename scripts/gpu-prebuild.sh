@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the patched llama.cpp for an H100 (sm_90) here, on a machine without a GPU, so that a GPU machine's few
-# minutes go to measuring instead of compiling (about 4.5 minutes there on 16 cores; 30-40 here on 2).
+# minutes go to measuring instead of compiling (about 4.5 minutes there on 16 cores; 20 to 30 here on 2).
 # Needs nvcc (CUDA 13; this project's machines have it in /usr/local/cuda, without cuBLAS) and the network to
 # PyPI: cuBLAS's headers and library come from the nvidia-cublas wheel, and the CUDA driver library, which a
 # machine without a GPU lacks, is stood in for at link time by a stub of the functions ggml calls (the GPU
