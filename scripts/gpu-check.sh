@@ -186,7 +186,7 @@ if [ ${#TODO[@]} -gt 0 ]; then
   el "writing models in the background: ${TODO[*]}"
   t=$(($(left) - 20))
   [ "$t" -gt 1 ] || t=1
-  ( # one process per model: the 8B ones are minutes of random numbers each on one core
+  ( # one process per model: each 8B one is several GB of random numbers, on one core
     for n in "${TODO[@]}"; do
       PYTHONPATH=$SITE timeout -k 5 "$t" "$PY" "$GPUPY/gen_models.py" "$G/tok.gguf" "$M" "$n" > "$RAW/models-$n.log" 2>&1 &
     done
@@ -491,7 +491,7 @@ if [ "$QUICK" = 1 ]; then
 fi
 [ "$MODE" = device ] && identity exact-q4_k "$M/r8b-q4_k.gguf" "$D"
 
-# --- (e) specdec runs on the first (largest) pair, then llama.cpp's own tools on it ------------------------------
+# --- (f) specdec runs on the first (largest) pair, then llama.cpp's own tools on it ------------------------------
 run_pair "$P" "$T" "$D"
 "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 
