@@ -17,6 +17,7 @@ import sys
 
 import llama_cpp as L
 import numpy as np
+from probe import option  # scripts/gpu/probe.py, beside this file (as gpu-check.sh runs both)
 
 PREFIXES = (40, 100, 300, 700)  # one per sequence
 LAYOUTS = ((1, 1, 1, 1), (2, 2, 2, 2), (5, 5, 5, 5), (1, 3, 2, 5), (9, 1, 1, 1))  # tokens per sequence in one batch
@@ -36,15 +37,8 @@ def run(ctx: object, batch: object, nv: int, entries: list[tuple[int, int, int, 
 def main() -> None:
     args = sys.argv[1:]
     out_path = args.pop(0)
-    ngl, label = 99, ""
-    if "--ngl" in args:
-        i = args.index("--ngl")
-        ngl = int(args[i + 1])
-        del args[i : i + 2]
-    if "--label" in args:
-        i = args.index("--label")
-        label = args[i + 1]
-        del args[i : i + 2]
+    ngl = int(option(args, "--ngl", "99"))
+    label = option(args, "--label", "")
     L.llama_backend_init()
     results: list[dict] = []
     n_seq = len(PREFIXES)
