@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec_cli.engine import rpc_faults
-from specdec_cli.engine.batch.slots import BatchJob
+from specdec_cli.engine.batch.slots import END, BatchJob
 from specdec_cli.engine.events import DrafterDropped, Event, Step
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.engine.stats import RunStats, Stats
@@ -140,6 +140,50 @@ class GenerationRun:
                 self._on_finished(self._gen.prompt, self._gen.result.token_ids)
         finally:
             lock.release()
+
+    @property
+    def batched(self) -> bool:
+        """Stepped by the batch engine's thread (`parallel` > 1): `listen` instead of `events()` is possible."""
+        return isinstance(self._gen, BatchJob)
+
+    def listen(self, on_event: Callable[[Event], None], on_end: Callable[[BaseException | None], None]) -> None:
+        """Have a batched generation's events pushed to you instead of reading `events()` (a server's relay).
+
+        `on_event(ev)` for each of `events()`'s, then `on_end(error)` once: None when it ended (`generation`
+        is then whole, an RPC fault included, as after `events()`), else the exception `events()` would
+        raise. Both run on the engine's thread, between its steps: keep them short. An exception raised by
+        `on_event` cancels the generation and is what `on_end` gets."""
+        job = self._gen
+        assert isinstance(job, BatchJob), "listen() is for a batched generation (parallel > 1)"
+        failed: list[BaseException] = []
+
+        def deliver(item: object) -> None:
+            if failed and item is not END:
+                return
+            if item is END:
+                if not failed and self._on_finished is not None:
+                    self._on_finished(job.prompt, job.result.token_ids)
+                on_end(failed[0] if failed and not isinstance(failed[0], RpcError) else None)
+                return
+            if isinstance(item, RpcError):  # a server stopped answering: the generation ends with what it produced
+                self.error = str(item)
+                job.result.stop_reason = LOST
+                failed.append(item)
+                return
+            if isinstance(item, BaseException):
+                failed.append(item)
+                return
+            ev: Event = item  # type: ignore[assignment]
+            try:
+                self.stats.observe(ev)
+                if isinstance(ev, DrafterDropped) and self._on_draft_dropped is not None:
+                    self._on_draft_dropped(ev.reason)
+                on_event(ev)
+            except Exception as exc:  # noqa: BLE001 - the listener's bug ends this generation, not the engine's step
+                failed.append(exc)
+                self.cancel()
+
+        job.listen(deliver)
 
     def _isolated(self, source: Iterator[Event]) -> Iterator[Event]:
         """`source` stepped by a thread of its own. When an RPC server it uses stops answering, that thread

@@ -7,7 +7,8 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -107,6 +108,7 @@ def serve(
             config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
                                     timeout_graceful_shutdown=GRACEFUL_SECONDS, lifespan="off")  # fmt: skip
             web = QuietExit(config)
+            web.on_exit = server.stop_streams
             bound = sock.getsockname()[1]
             drafter = spec.drafter if spec.drafter != NONE else f"none ({NONE.label})"
             out.err.write(
@@ -127,7 +129,14 @@ def _quiet_exit_class() -> type:
 
     class QuietExit(uvicorn.Server):
         """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown (exit 130 or -15); a server
-        asked to stop that stopped cleanly exits 0."""
+        asked to stop that stopped cleanly exits 0. `on_exit`: told of the signal (the server's streams end)."""
+
+        on_exit: Callable[[], None] | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            super().handle_exit(sig, frame)
+            if self.on_exit is not None:
+                self.on_exit()
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -34,7 +33,8 @@ from specdec_cli.errors import SpecdecError
 from specdec_cli.server.access import CLIENT_GONE, Record
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
-from specdec_cli.server.shapes import ClosingStream, Shape
+from specdec_cli.server.shapes import Shape
+from specdec_cli.server.sse import EventStream
 from specdec_cli.server.worker import Delta, Done, Failed, Job, QueueFull, Worker
 
 MAX_BODY_BYTES = 4 * 2**20
@@ -42,6 +42,7 @@ LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"  # pages ser
 RETRY_AFTER_SECONDS = 5
 DISCONNECT_CHECK_SECONDS = 0.5
 QUIET_ROUTES = ("/health", "/metrics")  # polled by monitors: counted, not logged
+PING_SECONDS = 15.0  # a comment line on a stream this often (sse-starlette's default): proxies keep it open
 SHUTDOWN_GRACE_SECONDS = 5.0  # a stream in flight at SIGINT/SIGTERM ends within this, with finish_reason and [DONE]
 
 
@@ -118,6 +119,8 @@ class Server:
             engine.on_step = self.metrics.batch
             engine.set_fair(settings.fair)
         self.started = int(time.time())
+        self._streams: set[EventStream] = set()  # streams being sent (stop_streams)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's, once a request came
 
     # ----------------------------------------------------------- helpers
     def _authorise(self, request: Request) -> None:
@@ -216,16 +219,16 @@ class Server:
         record: Record = request.state.record
         t0 = record.t0
         options = self._options(body)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         events: asyncio.Queue[Delta | Done | Failed] = asyncio.Queue()
 
-        def emit(ev: Delta | Done | Failed) -> None:  # from the worker thread
+        def emit(ev: Delta | Done | Failed) -> None:  # from a worker thread or the batch engine's
             try:
                 loop.call_soon_threadsafe(events.put_nowait, ev)
             except RuntimeError:  # the loop has closed (shutdown): nobody is listening any more
                 pass
 
-        job = Job(prompt, options, body.stops(), emit, chat=chat)
+        job = Job(prompt, options, body.stops(), emit, chat=chat, stream=bool(body.stream))
         try:
             self.worker.submit(job)
         except QueueFull:
@@ -246,16 +249,14 @@ class Server:
         self.metrics.ttft.observe(record.first)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            shutdown = anyio.Event()  # set by sse-starlette when the server is asked to stop
-            stream = self._stream(job, events, first, shape, include_usage, record, shutdown)
             record.stream = True
 
             def closed() -> None:  # however the stream ended: the client left, it finished, it failed
                 job.cancel.set()  # a no-op after Done; stops the generation when the client went away
                 self._finish(record, record.status or CLIENT_GONE)
 
-            return ClosingStream(closed, stream, ping=15, sep="\n", shutdown_event=shutdown,
-                                 shutdown_grace_period=SHUTDOWN_GRACE_SECONDS)  # fmt: skip
+            return EventStream(self._stream(events, first, shape, include_usage, record), closed, ping=PING_SECONDS,
+                               finish=job.cancel.set, open_streams=self._streams)  # fmt: skip
         ev = first
         try:
             while not isinstance(ev, Done):
@@ -284,37 +285,39 @@ class Server:
             except TimeoutError:
                 pass
 
-    async def _stream(self, job: Job, events: asyncio.Queue[Delta | Done | Failed], first: Any, shape: Shape,
-                      include_usage: bool, record: Record, shutdown: anyio.Event) -> AsyncIterator[str]:  # fmt: skip
-        async def cancel_on_shutdown() -> None:
-            await shutdown.wait()
-            job.cancel.set()  # the generation ends at its next step and the stream closes properly
-
-        watcher = asyncio.ensure_future(cancel_on_shutdown())
-        try:
-            opening = shape.opening()
-            if opening is not None:
-                yield opening
-            ev = first
-            while not isinstance(ev, Done):
-                if isinstance(ev, Failed):  # after the first byte: end the stream with an error object
-                    record.status, record.error = ev.error.http_status, str(ev.error)
-                    yield json.dumps({"error": {"message": str(ev.error), "type": "server_error", "param": None,
-                                                "code": None}})  # fmt: skip
-                    return
-                if ev.text:
-                    yield shape.chunk(ev.text, None)
-                    record.tokens = ev.tokens
+    async def _stream(self, events: asyncio.Queue[Delta | Done | Failed], first: Any, shape: Shape,
+                      include_usage: bool, record: Record) -> AsyncIterator[list[str]]:  # fmt: skip
+        """The stream's events, as lists of payloads: what is ready together goes out in one write."""
+        opening = shape.opening()
+        out = [] if opening is None else [opening]
+        ev = first
+        while True:
+            if isinstance(ev, Failed):  # after the first byte: end the stream with an error object
+                record.status, record.error = ev.error.http_status, str(ev.error)
+                out.append(json.dumps({"error": {"message": str(ev.error), "type": "server_error", "param": None,
+                                                 "code": None}}))  # fmt: skip
+                yield out
+                return
+            if isinstance(ev, Done):
+                break
+            if ev.text:
+                out.append(shape.chunk(ev.text, None))
+                record.tokens = ev.tokens
+            if events.empty():
+                if out:
+                    yield out
+                    out = []
                 ev = await events.get()
-            record.done(ev)
-            yield shape.closing(ev)
-            if include_usage:
-                yield shape.usage_chunk(ev)
-            record.status = 200
-            yield "[DONE]"
-            self.metrics.latency.observe(time.perf_counter() - record.t0)
-        finally:
-            watcher.cancel()
+            else:
+                ev = events.get_nowait()
+        record.done(ev)
+        out.append(shape.closing(ev))
+        if include_usage:
+            out.append(shape.usage_chunk(ev))
+        record.status = 200
+        out.append("[DONE]")
+        self.metrics.latency.observe(time.perf_counter() - record.t0)
+        yield out
 
     def _count(self, prompt_tokens: int, completion_tokens: int) -> None:
         """Every generation that ran, from the worker: a client that went away mid-stream is counted too."""
@@ -328,6 +331,17 @@ class Server:
         self.metrics.requests.labels(record.route, str(status)).inc()
         if self.log is not None and record.route not in QUIET_ROUTES:
             self.log(record.line(status))
+
+    def stop_streams(self) -> None:
+        """SIGINT/SIGTERM (from the signal handler): every open stream's generation finishes at its next step,
+        so the stream ends with its finish_reason and [DONE]; one still open after SHUTDOWN_GRACE_SECONDS is
+        cut. Answers that are not streamed run on, within uvicorn's graceful shutdown."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop_streams)
+
+    def _stop_streams(self) -> None:
+        for stream in list(self._streams):
+            stream.stop(SHUTDOWN_GRACE_SECONDS)
 
     def shutdown(self) -> None:
         self.worker.stop()
@@ -345,7 +359,7 @@ class Server:
                 except Exception as exc:  # never a 500 with a traceback
                     error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
                     response, record.error = error.response(), error.message
-                if not record.stream:  # a stream is finished when it ends (ClosingStream)
+                if not record.stream:  # a stream is finished when it ends (EventStream)
                     self._finish(record, response.status_code)
                 return response
 

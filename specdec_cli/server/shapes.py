@@ -9,12 +9,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from sse_starlette.sse import EventSourceResponse
-from starlette.types import Receive, Scope, Send
 
 from specdec_cli.server.worker import Done
 
@@ -106,18 +102,3 @@ def describe(final: Done) -> dict[str, Any]:
         # False with --kernels fast: the text may differ from the target alone in rare tokens
         "exact": final.generation.models.get("exact", True),
     }
-
-
-class ClosingStream(EventSourceResponse):
-    """An SSE response that calls `closed` however it ends: finished, failed, or cancelled because the client
-    went away (then the generator may never have run its `finally`, or even started)."""
-
-    def __init__(self, closed: Callable[[], None], *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.closed = closed
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.closed()

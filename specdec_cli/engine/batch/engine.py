@@ -116,8 +116,8 @@ class BatchEngine:
             if locked:
                 self._cond.release()
         for job in jobs:
-            job._queue.put(error)
-            job._queue.put(END)
+            job.put(error)
+            job.put(END)
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -145,7 +145,7 @@ class BatchEngine:
                 slot.job.result.stop_reason = "interrupted"
                 self._finish(slot)
         for job in self._waiting:
-            job._queue.put(END)
+            job.put(END)
 
     def _admit(self) -> None:
         """Waiting jobs into free slots, FIFO (called with the lock held)."""
@@ -156,7 +156,7 @@ class BatchEngine:
             job = self._waiting.pop(0)
             if job.should_stop():
                 job.result.stop_reason = "interrupted"
-                job._queue.put(END)
+                job.put(END)
                 continue
             slot, aside = set_aside(self.target, self.slots, job, free, choose_slot(self.target, self.slots, job, free))
             if aside is not None:  # the conversation that ended last moves out of the busy slots' way
@@ -186,8 +186,8 @@ class BatchEngine:
         try:
             gen = SpeculativeGenerator(SeqView(self.target, slot.seq), None, job.prompt, job.config)
         except SpecdecError as exc:
-            job._queue.put(exc)
-            job._queue.put(END)
+            job.put(exc)
+            job.put(END)
             return
         slot.job, slot.gen, job.slot = job, gen, slot.seq
         job.result = gen.result  # the verifier writes the text, tokens and steps there
@@ -216,8 +216,8 @@ class BatchEngine:
         if slot.gen is not None:
             slot.gen._decoder.reset()
         if error is not None:
-            job._queue.put(error)
-        job._queue.put(END)
+            job.put(error)
+        job.put(END)
         slot.job, slot.gen = None, None
 
     # ------------------------------------------------------------ a step
@@ -295,7 +295,7 @@ class BatchEngine:
             if s in prefill_done:  # its last prompt token was the pending one, as in a solo run
                 assert s.job is not None and s.gen is not None
                 s.job.result.prefill = Prefill(len(s.job.prompt), s.t_prefill, 0.0)
-                s.job._queue.put(s.job.result.prefill)
+                s.job.put(s.job.result.prefill)
                 s.context = list(s.job.prompt)
                 s.proposal = Proposal()
                 gen.append(s)
@@ -317,7 +317,7 @@ class BatchEngine:
             if s.heads is not None and s.heads_shadow is not None:
                 s.heads.observe(None if hidden is None else hidden[at[s.seq] + n_acc], len(s.context))
                 s.heads_shadow.score(s.context)
-            s.job._queue.put(step)
+            s.job.put(step)
             if step.stop:
                 s.job.result.stop_reason = step.stop
                 self._finish(s)
@@ -392,7 +392,7 @@ class BatchEngine:
             for s in drafting:
                 assert s.job is not None
                 rest = "the n-gram lookup goes on alone" if s.job.kind == AUTO else "speculation is off"
-                s.job._queue.put(DrafterDropped(f"{exc}: {rest} for the rest of this run"))
+                s.job.put(DrafterDropped(f"{exc}: {rest} for the rest of this run"))
                 s.proposal = Proposal()
             return draft.decode_seconds - td0
         for s in drafting:

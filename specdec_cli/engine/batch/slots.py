@@ -5,6 +5,7 @@ sequence in the target's and the draft's contexts), and one sequence seen as a s
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +25,8 @@ END = object()  # a job's last queue item
 
 @dataclass(eq=False)
 class BatchJob:
-    """One generation submitted to the engine; iterate `events()` from any thread, then read `result`."""
+    """One generation submitted to the engine; iterate `events()` from any thread, or `listen`, then read
+    `result`."""
 
     prompt: list[int]
     config: GenerateOptions
@@ -35,9 +37,29 @@ class BatchJob:
     n_cached: int = 0  # prompt tokens the slot's cache already held
     slot: int = -1
     _queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    _listener: Callable[[object], None] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.result = Transcript(text="", token_ids=[], stop_reason="", n_prompt=len(self.prompt))
+
+    def put(self, item: object) -> None:
+        """An event, an exception or `END`, from the engine's thread (or `fail_all`'s): to the listener, else
+        into the queue `events()` reads."""
+        with self._lock:
+            if self._listener is None:
+                self._queue.put(item)
+                return
+            self._listener(item)
+
+    def listen(self, listener: Callable[[object], None]) -> None:
+        """Have every item `put` handed to `listener` on the thread that puts it (the engine's), those put
+        before this call first, in order, instead of reading `events()`: a server then needs no thread
+        waiting per generation (a thread switch per step)."""
+        with self._lock:
+            while not self._queue.empty():
+                listener(self._queue.get())
+            self._listener = listener
 
     def events(self) -> Iterator[Event]:
         while True:
