@@ -178,7 +178,9 @@ class BatchCosts:
         self.version = 0  # counts the changes to the prices: what is computed from them may be kept till then
 
     def observe(self, batch: int, seconds: float) -> None:
-        xs = self.samples.setdefault(batch, RecentMedian(self.WINDOW))
+        xs = self.samples.get(batch)
+        if xs is None:  # not setdefault: it would build a RecentMedian every step, to throw it away
+            xs = self.samples[batch] = RecentMedian(self.WINDOW)
         median = xs.add(seconds)
         if len(xs) < self.MIN_SAMPLES:
             return

@@ -278,8 +278,8 @@ class BatchEngine:
             hidden = self.target.hidden(sum(len(parts[q][0]) for q in ordered))
         by_seq = dict(zip(ordered, rows, strict=True))
         total = sum(len(parts[s][0]) for s in ordered)
-        if len(ubatch_sizes([len(parts[s][0]) if s in parts else 0 for s in range(len(self.slots))],
-                            self.target.n_batch)) == 1:  # fmt: skip
+        if len(ordered) == 1 or len(ubatch_sizes([len(parts[s][0]) if s in parts else 0 for s in range(len(self.slots))],
+                                                 self.target.n_batch)) == 1:  # fmt: skip (one sequence: one pass)
             self.state.costs.observe(total, t_target)
         for seq, n in fill.items():
             self.target.rollback(len(self.target.seq_tokens[seq]) - n, seq)

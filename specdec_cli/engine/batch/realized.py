@@ -36,7 +36,10 @@ class Realized:
         self.weights: dict[int, float] = {}  # how many (decayed)
 
     def plain_step(self, n_gen: int, seconds: float) -> None:
-        self.plain.setdefault(n_gen, RecentMedian()).add(seconds)
+        ref = self.plain.get(n_gen)
+        if ref is None:
+            ref = self.plain[n_gen] = RecentMedian()
+        ref.add(seconds)
         self._decay(n_gen)
 
     def drafting_step(self, n_gen: int, tokens: int, seconds: float, predicted: float) -> None:
