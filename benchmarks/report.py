@@ -356,6 +356,27 @@ def host_time(name: str, base: str = "results/") -> str:
                   "each, medians.", base, None)  # fmt: skip
 
 
+def request_profile(name: str, base: str = "results/") -> str:
+    """A streamed request's time to first token in `specdec serve`, part by part (benchmarks.request_profile),
+    and the host time against llama-server's on the same kernels."""
+    data = load(name)
+    med, skip = data["medians_ms"], data["not_host"]
+    host = sum(v for k, v in med.items() if k != skip)
+    rows = [[p["part"], f"{med[p['mark']]:.2f} ms", "" if p["mark"] == skip else f"{med[p['mark']] / host:.0%}"]
+            for p in data["parts"]]  # fmt: skip
+    out = table(["a streamed request, up to its first token", "median", "share of its host time"], rows)
+    theirs = data.get("llama_server_exact_host_ms") or []
+    line = (f"Host time (time to first token less the prompt's decode), median over the requests: specdec "
+            f"{statistics.median(data['host_ms']):.1f} ms")
+    if theirs:
+        line += f", llama-server on the same kernels {statistics.median(theirs):.1f} ms"
+    s = data["settings"]
+    note = (f"{line}. {len(data['requests'])} of {s['requests']} requests split at every mark (one after another, "
+            f"one connection, `--parallel {s['parallel']}`, greedy, up to {s['max_tokens']} tokens, "
+            f"{s['prompts']}'s prompts); each part's median, so the parts need not add up to the median total.")
+    return render(data, name, out + "\n\n" + note, base, None)
+
+
 # ------------------------------------------------------------------ benchmarks.kernels
 def kernels(name: str, base: str = "results/") -> str:
     """The invariant kernels per model: their time, and the speed against the reference kernels and against
