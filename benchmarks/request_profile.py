@@ -45,7 +45,7 @@ PARTS = [
     ("admitted", "start and admission (prompt cache included)"),
     ("decode>", "the step's plan, up to the prompt's decode"),
     ("decode<", "the prompt's decode (llama.cpp)"),
-    ("relayed", "first token: verification and relay"),
+    ("relayed", "first token: verification, relay, its first text"),
     ("chunk", "the event loop's turn and the chunk's JSON"),
     ("client", "the write and the client's read"),
 ]
@@ -58,7 +58,6 @@ def child(port: int, marks_path: Path, pair: str | None, parallel: int, threads:
 
     from specdec_cli import api
     from specdec_cli.engine.batch.engine import BatchEngine
-    from specdec_cli.engine.events import Step
     from specdec_cli.engine.settings import GenerateOptions
     from specdec_cli.server import shapes, worker
     from specdec_cli.server.app import Server, ServerSettings
@@ -93,7 +92,13 @@ def child(port: int, marks_path: Path, pair: str | None, parallel: int, threads:
     around(type(spec), "tokenize", None, "tokens")
     around(BatchEngine, "_start", None, "admitted")
     around(target, "decode_many", "decode>", "decode<")
-    around(worker._Relay, "event", None, "relayed", when=lambda self, ev: isinstance(ev, Step))
+    delta = worker.Delta
+
+    def marked_delta(*a: Any, **k: Any) -> Any:  # the first text out of the relay
+        marks.append((time.perf_counter(), "relayed"))
+        return delta(*a, **k)
+
+    worker.Delta = marked_delta  # type: ignore[misc]
     around(shapes.Shape, "chunk", "chunk", None, when=lambda self, delta, *a, **k: bool(delta))
     server = Server(spec, ServerSettings("profile", GenerateOptions()))
 
@@ -193,6 +198,7 @@ def main() -> None:
         parts = split(t0, first, marks)
         if parts is not None:
             rows.append(parts)
+
     theirs: list[float] = []
     if args.llama_cpp_bin is not None:
         target, _ = pair_files(args.pair)
