@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -798,3 +800,74 @@ def test_the_prompt_cache_leaves_a_slot_alone_while_a_move_is_pending() -> None:
     assert cache.take_over(target, 1, a) == 0 and cache.saved == 1 and cache.restored == 0
     target.pending_moves.clear()
     assert cache.take_over(target, 1, a) == 40 and cache.saved == 2 and cache.restored == 1
+
+
+def test_an_idle_engine_keeps_a_slot_so_the_request_that_displaces_it_copies_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Once a request ends and nothing else runs, the engine keeps its slot's cells (prompt_cache.py's `keep`):
+    a later request that takes the slot over then saves nothing before its prompt is read (the copy was most
+    of a request's own host time at one client), and the displaced conversation still comes back restored.
+    `keep` leaves short slots, slots kept already (or within a kept state) and slots being moved alone."""
+    from specdec_cli.engine.batch.prompt_cache import MIN_SAVED, PromptCache
+    from tests.fakes import open_fake
+
+    target = FakeGGUF("target.gguf", n_ctx=512, n_seq=2)
+    cache = PromptCache(budget_bytes=1 << 20)
+    a = list(range(1000, 1040))
+    target.seq_tokens[0][:] = a[: MIN_SAVED - 1]
+    cache.keep(target, 0)
+    target.seq_tokens[1][:] = a
+    target.pending_moves.add(1)
+    cache.keep(target, 1)
+    assert len(cache) == 0
+    target.pending_moves.clear()
+    cache.keep(target, 1)
+    cache.keep(target, 1)
+    target.seq_tokens[0][:] = a[:30]  # within the kept state: nothing more to keep
+    cache.keep(target, 0)
+    assert list(cache._states) == [tuple(a)] and cache.saved == 1
+
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+    prompt = "Here is a passage about lighthouses and the keepers who lived in them all year. Question: "
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="none", prompt_cache_mb=64) as par:
+        engine = par.batch_engine()
+        assert engine.prompt_cache is not None
+        first = par.generate(prompt + "who lived there?", max_tokens=24, chat=False)
+        deadline = time.monotonic() + 10
+        while engine.prompt_cache.saved < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.prompt_cache.saved == 1  # kept while idle, before any request displaced it
+        saved_while_admitting: list[int] = []
+        take_over = engine.prompt_cache.take_over
+
+        def watched(target: Any, seq: int, p: Any) -> int:
+            before = engine.prompt_cache.saved
+            out = take_over(target, seq, p)
+            saved_while_admitting.append(engine.prompt_cache.saved - before)
+            return out
+
+        monkeypatch.setattr(engine.prompt_cache, "take_over", watched)
+        par.generate(prompt + "what did the lamps do?", max_tokens=24, chat=False)  # takes the first one's slot
+        again = par.generate(prompt + "who lived there?", max_tokens=24, chat=False)
+        assert saved_while_admitting and not any(saved_while_admitting)
+        assert again.token_ids == first.token_ids and engine.prompt_cache.restored >= 1
+
+
+def test_a_server_reads_its_vocabulary_and_template_before_the_first_request() -> None:
+    """The end-of-generation and control tokens (a scan of the vocabulary through llama.cpp each) and the chat
+    template's compilation cost the first request tens of milliseconds of its time to first token; the server
+    does them as it starts."""
+    from specdec_cli.engine import templates
+    from specdec_cli.engine.settings import GenerateOptions
+    from specdec_cli.server.app import Server, ServerSettings
+
+    templates._compile.cache_clear()
+    with api.load(n_ctx=512, n_threads=THREADS, parallel=2, drafter="none") as spec:
+        vocab = spec.target.vocab  # type: ignore[attr-defined]
+        assert vocab._eog is None and vocab._controls is None
+        server = Server(spec, ServerSettings("warm", GenerateOptions()))
+        try:
+            assert vocab._eog is not None and vocab._controls is not None
+            assert templates._compile.cache_info().currsize == 1
+        finally:
+            server.shutdown()

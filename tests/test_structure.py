@@ -55,18 +55,18 @@ def test_no_module_over_400_lines() -> None:
 
 
 def test_every_error_has_one_exit_code_and_one_http_answer() -> None:
-    """errors.py is the one table: the server answers each class from it (server/app.py's `_api_error`)."""
+    """errors.py is the one table: the server answers each class from it (server/http_errors.py's `api_error`)."""
     from specdec_cli import errors
-    from specdec_cli.server.app import _api_error
+    from specdec_cli.server.http_errors import api_error
 
     classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.SpecdecError)]
     assert len(classes) >= 9
     for cls in classes:
         assert cls.exit_code in (errors.ExitCode.ERROR, errors.ExitCode.USAGE), cls
-        api = _api_error(cls("why"))
+        api = api_error(cls("why"))
         assert (api.status, api.type, api.code, api.param) == (cls.http_status, cls.http_type, cls.http_code,
                                                                  cls.http_param)  # fmt: skip
         assert api.status == {errors.InternalError: 500, errors.RpcError: 503, errors.DeviceError: 503}.get(cls, 400), cls
-    assert _api_error(errors.ContextError("long")).code == "context_length_exceeded"
-    assert _api_error(errors.UsageError("bad")).code == "invalid_value"
+    assert api_error(errors.ContextError("long")).code == "context_length_exceeded"
+    assert api_error(errors.UsageError("bad")).code == "invalid_value"
     assert errors.UsageError.exit_code == 2 and errors.ModelFileError.exit_code == 1

@@ -11,6 +11,7 @@ that went away, which cancels that generation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
@@ -25,12 +26,13 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from specdec_cli.api import GenerateOptions, Speculator
 from specdec_cli.engine.settings import MODEL, InvalidSetting
 from specdec_cli.errors import SpecdecError
 from specdec_cli.server.access import CLIENT_GONE, Record
+from specdec_cli.server.http_errors import ApiError, BodyLimit, api_error
 from specdec_cli.server.metrics import Metrics
 from specdec_cli.server.schemas import MAX_STOPS, ChatRequest, CompletionRequest
 from specdec_cli.server.shapes import Shape
@@ -59,51 +61,6 @@ class ServerSettings:
     fair: bool = True  # --parallel: bound what drafts and prompt chunks cost other streams (engine/batch/)
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
-
-
-# ------------------------------------------------------------------ body limit
-class BodyLimit:
-    """413 for a body over the limit, declared (Content-Length) or streamed (chunked)."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await _too_large(self.limit).response()(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _too_large(self.limit)
-            return message
-
-        await self.app(scope, limited, send)
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the request body is over {limit:,} bytes", code="request_too_large")
-
-
 # ------------------------------------------------------------------ the app
 class Server:
     def __init__(self, spec: Speculator, settings: ServerSettings, log: Callable[[str], None] | None = None) -> None:
@@ -112,6 +69,12 @@ class Server:
         self.log = log  # one line per request as it ends (the CLI writes them to stderr)
         self.worker = Worker(spec, settings.max_queue, on_step=None, on_tokens=self._count)
         engine = spec.batch_engine() if spec.parallel > 1 else None  # calibrates now, before any request
+        # Once per model, now rather than in the first request's time to first token: the end-of-generation and
+        # control tokens (each a scan of the vocabulary through llama.cpp: tens of milliseconds) and the chat
+        # template compiled (a conversation rendered and tokenized).
+        _ = spec.target.eog_ids, spec.target.control_texts()
+        with contextlib.suppress(SpecdecError):  # no chat template: requests are told, not the start
+            spec.tokenize([{"role": "user", "content": "Hello"}])
         self.metrics = Metrics(lambda: self.worker.waiting, lambda: self.worker.running,
                                engine.busy if engine is not None else None)  # fmt: skip
         self.worker.on_step = self.metrics.step
@@ -244,7 +207,7 @@ class Server:
             raise
         record.prompt_tokens = job.n_prompt
         if isinstance(first, Failed):
-            raise _api_error(first.error)
+            raise api_error(first.error)
         record.first = time.perf_counter() - t0
         self.metrics.ttft.observe(record.first)
         if body.stream:
@@ -261,7 +224,7 @@ class Server:
         try:
             while not isinstance(ev, Done):
                 if isinstance(ev, Failed):
-                    raise _api_error(ev.error)
+                    raise api_error(ev.error)
                 ev = await self._next(request, job, events)
         finally:
             job.cancel.set()  # a no-op after Done; stops the generation when this task is cancelled
@@ -392,9 +355,3 @@ class Server:
 
 # the request field of a parameter, where it is not the parameter's own name
 _FIELDS = {"draft_max": "speculative.draft_max", "drafter": "speculative.drafter"}
-
-
-def _api_error(error: SpecdecError) -> ApiError:
-    """The answer errors.py's table gives the error's class."""
-    return ApiError(error.http_status, str(error), type=error.http_type, param=error.http_param,
-                    code=error.http_code)  # fmt: skip

@@ -7,30 +7,25 @@ each hold `n_slots` sequences (one KV stream each: see `Model`), and a step is:
    whose job ended last, keeping the busy slots' ids contiguous where possible: admission.py; a kept state
    of a slot's cache restored where it holds more: prompt_cache.py); with fair slots, while a streamed
    job's prompt is read, jobs nobody reads token by token sit the step out (`taking_part`);
-2. plan: for every generating slot, how many tokens to draft and from where
-   (the n-gram lookup, the draft model, or none), chosen together to maximise the
-   expected tokens per second of the whole batch, within the fair bound on the
-   step's time (`Planner.plan`, engine/batch/plan.py);
-3. draft: model drafts of all slots in batched rounds in the draft context (a
-   draft cache catches up on at most `WINDOW` recent tokens: prompts are not
-   prefilled into the draft, so that they do not delay the first token);
-4. ONE target decode: each generating slot's [pending, drafts...], prompt chunks
-   of admitted jobs under the per-step token budget (fair: shortest first, a tenth
-   of a second of them beside other requests), and filler tokens where they
-   are cheaper than the extra pass an uneven batch costs (`ubatch_sizes`);
+2. plan: for every generating slot, how many tokens to draft and from where (the n-gram lookup, the draft
+   model, or none), chosen together to maximise the expected tokens per second of the whole batch, within
+   the fair bound on the step's time (`Planner.plan`, engine/batch/plan.py);
+3. draft: model drafts of all slots in batched rounds in the draft context (a draft cache catches up on at
+   most `WINDOW` recent tokens: prompts are not prefilled into the draft, so they do not delay the first token);
+4. ONE target decode: each generating slot's [pending, drafts...], prompt chunks of admitted jobs under the
+   per-step token budget (fair: shortest first, a tenth of a second of them beside other requests), and
+   filler tokens where they are cheaper than the extra pass an uneven batch costs (`ubatch_sizes`);
 5. verify each slot exactly as a solo run does (`SpeculativeGenerator.verify`).
 
-Why the layout matters: llama.cpp splits a multi-stream batch into micro-batches that hold the same number
-of tokens for each of a run of consecutive sequence ids (`llama_batch_allocr::split_equal`); every extra
-micro-batch is another pass over the weights. `ubatch_sizes` reproduces that split, so the planner prices a
-plan by the passes it will really cost, and fills a short or missing sequence with tokens it then rolls back
-when that is cheaper.
+Why the layout matters: llama.cpp splits a multi-stream batch into micro-batches that hold the same number of
+tokens for each of a run of consecutive sequence ids (`llama_batch_allocr::split_equal`); every extra micro-batch
+is another pass over the weights. `ubatch_sizes` reproduces that split, so the planner prices a plan by the
+passes it will really cost, and fills a short or missing sequence with tokens it rolls back when that is cheaper.
 
-Exactness: each sequence's cells sit in its own stream as in a solo run, and the
-CPU kernels in exact mode are batch-invariant, so every slot's logits are
-bit-identical to `specdec run`'s alone (tests/test_batch.py checks the output).
-A seeded sampled job is decoded without drafts: drafting decisions here depend on
-what else runs, and a seed must give the same text whatever runs beside it.
+Exactness: each sequence's cells sit in its own stream as in a solo run, and the CPU kernels in exact mode
+are batch-invariant, so every slot's logits are bit-identical to `specdec run`'s alone (tests/test_batch.py
+checks the output). A seeded sampled job is decoded without drafts: drafting decisions here depend on what
+else runs, and a seed must give the same text whatever runs beside it.
 """
 
 from __future__ import annotations
@@ -86,6 +81,7 @@ class BatchEngine:
                                model_k_max=model_k_max, budget=self.budget)  # fmt: skip
         self.target_hidden = False  # the target returns hidden states (set per step)
         self._waiting: list[BatchJob] = []
+        self._ended: set[int] = set()  # slots whose job ended since the engine last had nothing to step
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="specdec-batch", daemon=True)
@@ -130,6 +126,9 @@ class BatchEngine:
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not any(s.job for s in self.slots):
+                    if self._ended and self.prompt_cache is not None:  # idle: keep a slot's cells now (prompt_cache.py)
+                        self.prompt_cache.keep(self.target, self._ended.pop())
+                        continue
                     self._cond.wait()
                 if self._closed:
                     break
@@ -219,6 +218,7 @@ class BatchEngine:
             job.put(error)
         job.put(END)
         slot.job, slot.gen = None, None
+        self._ended.add(slot.seq)
 
     # ------------------------------------------------------------ a step
     def _step(self) -> None:

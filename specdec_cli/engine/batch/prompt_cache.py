@@ -14,7 +14,9 @@ Bounded by bytes (`--prompt-cache-mb`), least recently used out first; a kept st
 a newer one is dropped (the newer one serves every prompt it served). Saving and restoring run on the
 engine's thread, between steps: a memory copy of the slot's cells (tens of kilobytes a token for a small
 model, over a hundred for an 8B one), so a state is restored only where it saves more than a few tokens
-of prefill (`MIN_GAIN`, and a token of prefill per `TOKENS_PER_GAIN` tokens copied). The draft model's
+of prefill (`MIN_GAIN`, and a token of prefill per `TOKENS_PER_GAIN` tokens copied). A slot whose request
+ended is kept while the engine has nothing to step (`keep`), so that the copy is not made while the request
+that displaces it waits for its first token. The draft model's
 cache is not kept: a draft catches up on its own (drafters/model.py).
 """
 
@@ -63,6 +65,19 @@ class PromptCache:
         self._states[tokens] = data
         self.bytes_used += len(data)
         self.saved += 1
+
+    def keep(self, target: LoadedModel, seq: int) -> None:
+        """Keep what slot `seq` holds now, unless it is kept already (or within a kept state), short, or being
+        moved. The engine calls it when it has nothing to step, for a slot whose request ended: a later request
+        that takes the slot over then finds its cells kept and copies nothing before its prompt is read (at one
+        client, the copy was most of a request's own host time: benchmarks/request_profile.py)."""
+        held = target.seq_tokens[seq]
+        if len(held) < MIN_SAVED or seq in target.pending_moves:
+            return
+        now = tuple(held)
+        if now in self._states or any(len(t) > len(now) and t[: len(now)] == now for t in self._states):
+            return
+        self.put(now, target.save_seq(seq))
 
     def take_over(self, target: LoadedModel, seq: int, prompt: Sequence[int]) -> int:
         """Ready slot `seq` for `prompt`: keep what it holds that a request may come back to, restore a kept
