@@ -364,7 +364,7 @@ def request_profile(name: str, base: str = "results/") -> str:
     host = sum(v for k, v in med.items() if k != skip)
     rows = [[p["part"], f"{med[p['mark']]:.2f} ms", "" if p["mark"] == skip else f"{med[p['mark']] / host:.0%}"]
             for p in data["parts"]]  # fmt: skip
-    out = table(["a streamed request, up to its first token", "median", "share of its host time"], rows)
+    out = table(["a streamed request, up to its first token", "median", "share of the host parts"], rows)
     theirs = data.get("llama_server_exact_host_ms") or []
     line = (f"Host time (time to first token less the prompt's decode), median over the requests: specdec "
             f"{statistics.median(data['host_ms']):.1f} ms")
@@ -373,7 +373,7 @@ def request_profile(name: str, base: str = "results/") -> str:
     s = data["settings"]
     note = (f"{line}. {len(data['requests'])} of {s['requests']} requests split at every mark (one after another, "
             f"one connection, `--parallel {s['parallel']}`, greedy, up to {s['max_tokens']} tokens, "
-            f"{s['prompts']}'s prompts); each part's median, so the parts need not add up to the median total.")
+            f"`{s['prompts']}`'s prompts); each part's median, so the parts need not add up to the median total.")
     return render(data, name, out + "\n\n" + note, base, None)
 
 
