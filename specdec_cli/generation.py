@@ -161,9 +161,13 @@ class GenerationRun:
             if failed and item is not END:
                 return
             if item is END:
+                error = failed[0] if failed and not isinstance(failed[0], RpcError) else None
                 if not failed and self._on_finished is not None:
-                    self._on_finished(job.prompt, job.result.token_ids)
-                on_end(failed[0] if failed and not isinstance(failed[0], RpcError) else None)
+                    try:
+                        self._on_finished(job.prompt, job.result.token_ids)
+                    except Exception as exc:  # noqa: BLE001 - on the engine's thread: this generation's error
+                        error = exc
+                on_end(error)
                 return
             if isinstance(item, RpcError):  # a server stopped answering: the generation ends with what it produced
                 self.error = str(item)
