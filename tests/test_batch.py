@@ -804,7 +804,7 @@ def test_the_prompt_cache_leaves_a_slot_alone_while_a_move_is_pending() -> None:
 
 def test_an_idle_engine_keeps_a_slot_so_the_request_that_displaces_it_copies_nothing(
         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Once a request ends and nothing else runs, the engine keeps its slot's cells (prompt_cache.py's `keep`):
+    """Once a request ends and nothing else runs, a server's engine keeps its slot's cells (`keep`, `idle_keep`):
     a later request that takes the slot over then saves nothing before its prompt is read (the copy was most
     of a request's own host time at one client), and the displaced conversation still comes back restored.
     `keep` leaves short slots, slots kept already (or within a kept state) and slots being moved alone."""
@@ -831,7 +831,8 @@ def test_an_idle_engine_keeps_a_slot_so_the_request_that_displaces_it_copies_not
     prompt = "Here is a passage about lighthouses and the keepers who lived in them all year. Question: "
     with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="none", prompt_cache_mb=64) as par:
         engine = par.batch_engine()
-        assert engine.prompt_cache is not None
+        assert engine.prompt_cache is not None and not engine.prompt_cache.idle_keep  # the server turns it on
+        engine.prompt_cache.idle_keep = True
         first = par.generate(prompt + "who lived there?", max_tokens=24, chat=False)
         deadline = time.monotonic() + 10
         while engine.prompt_cache.saved < 1 and time.monotonic() < deadline:

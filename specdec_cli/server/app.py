@@ -81,6 +81,8 @@ class Server:
         if engine is not None:
             engine.on_step = self.metrics.batch
             engine.set_fair(settings.fair)
+            if engine.prompt_cache is not None:  # the server alone uses the models: a slot is kept while idle
+                engine.prompt_cache.idle_keep = True
         self.started = int(time.time())
         self._streams: set[EventStream] = set()  # streams being sent (stop_streams)
         self._loop: asyncio.AbstractEventLoop | None = None  # the server's, once a request came

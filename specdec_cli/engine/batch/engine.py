@@ -126,7 +126,7 @@ class BatchEngine:
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not any(s.job for s in self.slots):
-                    if self._ended and self.prompt_cache is not None:  # idle: keep a slot's cells now (prompt_cache.py)
+                    if self._ended and self.prompt_cache is not None and self.prompt_cache.idle_keep:  # prompt_cache.py
                         self.prompt_cache.keep(self.target, self._ended.pop())
                         continue
                     self._cond.wait()

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from specdec_cli.engine.kv_cache import first_difference
 from specdec_cli.engine.protocol import LoadedModel
+from specdec_cli.errors import SpecdecError
 
 MIN_SAVED = 16  # tokens a request must drop from its slot for them to be kept
 MIN_GAIN = 4  # a kept state is restored where it holds at least this many more prompt tokens than the slot
@@ -41,6 +42,7 @@ class PromptCache:
         self.saved = 0  # states kept
         self.restored = 0  # states restored into a slot
         self.tokens_restored = 0  # prompt tokens those restores spared a prefill
+        self.idle_keep = False  # `keep` slots while the engine is idle (the server turns it on)
 
     def __len__(self) -> int:
         return len(self._states)
@@ -68,16 +70,21 @@ class PromptCache:
 
     def keep(self, target: LoadedModel, seq: int) -> None:
         """Keep what slot `seq` holds now, unless it is kept already (or within a kept state), short, or being
-        moved. The engine calls it when it has nothing to step, for a slot whose request ended: a later request
-        that takes the slot over then finds its cells kept and copies nothing before its prompt is read (at one
-        client, the copy was most of a request's own host time: benchmarks/request_profile.py)."""
+        moved. With `idle_keep` on, the engine calls it when it has nothing to step, for a slot whose request
+        ended: a later request that takes the slot over then finds its cells kept and copies nothing before its
+        prompt is read (at one client, the copy was most of a request's own host time:
+        benchmarks/request_profile.py). Off unless the owner of the models says nothing else uses them while
+        the engine is idle (the server does; `specdec heads train` reads the target itself between batches)."""
         held = target.seq_tokens[seq]
         if len(held) < MIN_SAVED or seq in target.pending_moves:
             return
         now = tuple(held)
         if now in self._states or any(len(t) > len(now) and t[: len(now)] == now for t in self._states):
             return
-        self.put(now, target.save_seq(seq))
+        try:
+            self.put(now, target.save_seq(seq))
+        except SpecdecError:  # llama.cpp would not save it: a later take-over tries again (its own error then)
+            self.idle_keep = False
 
     def take_over(self, target: LoadedModel, seq: int, prompt: Sequence[int]) -> int:
         """Ready slot `seq` for `prompt`: keep what it holds that a request may come back to, restore a kept
