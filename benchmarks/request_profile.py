@@ -35,7 +35,7 @@ import httpx
 
 from benchmarks import record
 from benchmarks.record import pair_files
-from benchmarks.serve_bench import CTX, MIXED, free_port, llama_server, one_request
+from benchmarks.serve_bench import CTX, MIXED, free_port, llama_server, one_request, wait_healthy
 
 # (the mark, what ends there): each part runs from the previous mark to its own
 PARTS = [
@@ -122,18 +122,7 @@ def profiled_server(pair: str | None, parallel: int, threads: int) -> Iterator[t
                                 stderr=subprocess.DEVNULL)  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 300
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the profiled server exited with {proc.returncode}")
-                try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the profiled server did not start in 300 s")
-                time.sleep(0.2)
+            wait_healthy(proc, base, 300, "the profiled server")
             yield f"{base}/v1", marks
         finally:
             proc.terminate()

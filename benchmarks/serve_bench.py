@@ -269,6 +269,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(proc: subprocess.Popen[Any], base: str, seconds: float, what: str) -> None:
+    """Until `base`/health answers 200; RuntimeError naming `what` if the process exits or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become ready in {seconds:g} s")
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exact: bool = False,
                  extra: tuple[str, ...] = ()) -> Iterator[str]:  # fmt: skip
@@ -289,18 +305,7 @@ def llama_server(binary: Path, target: Path, draft: Path | None, slots: int, exa
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode}: {' '.join(cmd)}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("llama-server did not become ready in 180 s")
+        wait_healthy(proc, base, 180, f"llama-server ({' '.join(cmd)})")
         yield f"{base}/v1"
     finally:
         proc.terminate()

@@ -1,7 +1,9 @@
-"""A live `specdec serve` in a subprocess on 127.0.0.1, for tests that talk to it over a real socket."""
+"""A live `specdec serve` in a subprocess on 127.0.0.1, for tests that talk to it over a real socket; and a
+`Server` in this process through httpx's ASGI transport (`in_process`), for the fake model's tests."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -12,9 +14,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
+from specdec_cli.server.app import Server
 from tests.conftest import THREADS
 
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
@@ -86,3 +90,18 @@ def live_server(*args: str, env: dict[str, str] | None = None, timeout: float = 
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def in_process(server: Server, coro: Any) -> Any:
+    """Run `coro(client)` against `server`'s ASGI app (httpx's transport: no socket, no thread of ours), then stop
+    its worker."""
+
+    async def main() -> Any:
+        transport = httpx.ASGITransport(app=server.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://specdec.test", timeout=30) as http:
+            return await coro(http)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        server.worker.stop()

@@ -8,7 +8,6 @@ are the packaged models' (checked as GGUF files); their weights are never read.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import threading
@@ -29,6 +28,7 @@ from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.models import loading
 from specdec_cli.server.app import Server, ServerSettings
 from tests.fakes import FakeGGUF, open_fake
+from tests.server_fixtures import in_process
 
 DRAFTERS = ["auto", "model", "ngram", "none"]
 PROMPTS = ["Name three rivers.", "Write a line about the sea.", "Say hello.", "Count to five."]
@@ -222,17 +222,7 @@ def test_cli_bench_writes_a_stamped_results_file(tmp_path: Any) -> None:
 # ------------------------------------------------------------------ the server, in-process
 def serve(spec: api.Speculator, coro: Any, **settings: Any) -> Any:
     """Run `coro(client)` against the server's ASGI app (httpx's transport: no socket, no thread of ours)."""
-    server = Server(spec, ServerSettings("fake-pair", GenerateOptions(max_tokens=32), **settings))
-
-    async def main() -> Any:
-        transport = httpx.ASGITransport(app=server.app())
-        async with httpx.AsyncClient(transport=transport, base_url="http://specdec.test", timeout=30) as http:
-            return await coro(http)
-
-    try:
-        return asyncio.run(main())
-    finally:
-        server.worker.stop()
+    return in_process(Server(spec, ServerSettings("fake-pair", GenerateOptions(max_tokens=32), **settings)), coro)
 
 
 def test_server_chat_greedy_is_the_api_through_the_openai_client(spec: api.Speculator) -> None:

@@ -10,6 +10,7 @@ and the server's stop.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from specdec_cli.models import loading
 from specdec_cli.server.app import Server, ServerSettings
 from specdec_cli.server.sse import PING, EventStream
 from tests.fakes import open_fake
+from tests.server_fixtures import in_process
 
 PROMPTS = ["Name three rivers.", "Write a line about the sea.", "Say hello.", "Count to five."]
 
@@ -39,20 +41,6 @@ def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
 def par() -> Iterator[api.Speculator]:
     with api.load(open_model=open_fake, n_ctx=1024, parallel=2) as s:
         yield s
-
-
-def serve(spec: api.Speculator, coro: Any, **settings: Any) -> tuple[Any, Server]:
-    server = Server(spec, ServerSettings("fake-pair", GenerateOptions(max_tokens=32), **settings))
-
-    async def main() -> Any:
-        transport = httpx.ASGITransport(app=server.app())
-        async with httpx.AsyncClient(transport=transport, base_url="http://specdec.test", timeout=30) as http:
-            return await coro(http)
-
-    try:
-        return asyncio.run(main()), server
-    finally:
-        server.worker.stop()
 
 
 # ------------------------------------------------------------------ the engine's thread relays
@@ -123,11 +111,10 @@ def test_batched_server_streams_from_the_engine_thread_within_the_queue_bound(pa
     monkeypatch.setattr(par.target, "decode_many", lambda *a, **k: (time.sleep(0.01), decode(*a, **k))[1])
     relayed_by: set[str] = set()
     running: list[int] = []
+    server = Server(par, ServerSettings("fake-pair", GenerateOptions(max_tokens=32), max_queue=1))
+    server.worker.on_step = lambda ev: relayed_by.add(threading.current_thread().name)
 
     async def go(http: httpx.AsyncClient) -> list[tuple[str, int, str]]:
-        server = servers[0]
-        server.worker.on_step = lambda ev: relayed_by.add(threading.current_thread().name)
-
         async def one(i: int) -> tuple[str, int, str]:
             await asyncio.sleep(0.02 * i)  # each taken from the queue (or running) before the next comes
             prompt, stream = PROMPTS[i % len(PROMPTS)], i % 2 == 0
@@ -136,13 +123,10 @@ def test_batched_server_streams_from_the_engine_thread_within_the_queue_bound(pa
             if r.status_code != 200 or not stream:
                 text = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else ""
                 return prompt, r.status_code, text
-            chunks = [line[6:] for line in r.text.splitlines() if line.startswith("data: {")]
-            import json
-
-            text = "".join(json.loads(c)["choices"][0]["delta"].get("content") or "" for c in chunks
-                           if json.loads(c)["choices"])  # fmt: skip
+            chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
             assert r.text.rstrip().endswith("data: [DONE]")
-            return prompt, r.status_code, text
+            return prompt, r.status_code, "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                                                  if c["choices"])  # fmt: skip
 
         async def watch() -> None:
             while True:
@@ -155,15 +139,7 @@ def test_batched_server_streams_from_the_engine_thread_within_the_queue_bound(pa
         finally:
             watcher.cancel()
 
-    servers: list[Server] = []
-    original = Server.__init__
-
-    def keep(self: Server, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        servers.append(self)
-
-    monkeypatch.setattr(Server, "__init__", keep)
-    results, _ = serve(par, go, max_queue=1)
+    results = in_process(server, go)
     statuses = sorted(status for _, status, _ in results)
     assert 503 in statuses and statuses.count(200) >= 3, statuses
     for prompt, status, text in results:

@@ -59,14 +59,14 @@ class EventStream(Response):  # a Response to Starlette's routes; its own __call
         this = self._task = asyncio.current_task()
         assert this is not None
         self.open_streams.add(self)
-        gone = asyncio.Event()
-        ended = False  # the body's end is sent: uvicorn then answers every receive() with a disconnect
+        gone = ended = False  # the client left; the body's end is sent (uvicorn then answers receive() so)
 
         async def watch() -> None:  # the only message uvicorn sends a request after its body
+            nonlocal gone
             while (await receive())["type"] != "http.disconnect":
                 pass
             if not ended:
-                gone.set()
+                gone = True
                 this.cancel()
 
         async def keep_alive() -> None:
@@ -86,7 +86,7 @@ class EventStream(Response):  # a Response to Starlette's routes; its own __call
                 pinger.cancel()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not gone.is_set():  # the server's own cancellation (shutdown past its grace): not ours to swallow
+            if not gone:  # the server's own cancellation (shutdown past its grace): not ours to swallow
                 raise
         finally:
             self.open_streams.discard(self)
