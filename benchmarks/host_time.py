@@ -56,7 +56,7 @@ def one_run(spec: api.Speculator, prompt: str, n: int, config: dict[str, Any]) -
 # rollback and `_emit`; the draft's `_fresh` its common prefix and rollback.
 PARTS = {
     "draft: catch up (common prefix, rollback)": ("specdec_cli.engine.drafters.model", "ModelDrafter", "_fresh"),
-    "draft: its K tokens (llama_specdec_argmax_chain)": ("specdec_cli.engine.model", "Model", "argmax_chain"),
+    "draft: its K tokens (argmax_chain)": ("specdec_cli.engine.model", "Model", "argmax_chain"),
     "a decode's own Python (draft catch-up, target batch)": ("specdec_cli.engine.model", "Model", "decode_argmax"),
     "verification (argmax compare, rollback, emit, the step's record)": ("specdec_cli.engine.speculative",
                                                                          "SpeculativeGenerator", "verify"),

@@ -15,15 +15,16 @@ from __future__ import annotations
 import os
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
-from specdec_cli.engine.protocol import argmax_of_logits, chain_by_steps
+from specdec_cli.engine.protocol import Rows, argmax_of_logits, chain_by_steps
 from specdec_cli.engine.rpc import Placement
+from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
 
@@ -257,15 +258,24 @@ class FakeGGUF(FakeModel):
         finally:
             self.tokens = self.seq_tokens[0]
 
-    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+    def decode_many(
+        self, parts: Sequence[tuple[int, Sequence[int], int, int]], greedy: Collection[int] = ()
+    ) -> list[Rows]:
+        """`Model.decode_many` (a greedy sequence's rows reduced by numpy, as its first decodes are)."""
         assert sum(len(t) for _, t, _, _ in parts) <= self.n_batch
-        out, hidden = [], []
+        out: list[Rows] = []
+        hidden = []
         for seq, toks, n_logits, tail in parts:
             if not toks:
-                out.append(np.empty((0, self.n_vocab), dtype=np.float32))
+                out.append([] if seq in greedy else np.empty((0, self.n_vocab), dtype=np.float32))
                 continue
-            rows = self.decode(toks, len(toks), seq)
-            out.append(rows[len(toks) - tail - n_logits : len(toks) - tail])
+            rows = self.decode(toks, len(toks), seq)[len(toks) - tail - n_logits : len(toks) - tail]
+            if seq in greedy:
+                self.argmax_calls += 1
+                top = finite_argmax(rows)
+                out.append(None if top is None else top.tolist())
+            else:
+                out.append(rows)
             if self.hidden_on:
                 hidden.append(self._last_hidden)
         if self.hidden_on:  # one batch: every row's hidden state, in batch order (`Model.hidden`)

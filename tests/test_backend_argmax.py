@@ -1,18 +1,46 @@
 """Greedy tokens computed in llama.cpp's graph (engine/backend_argmax.py): the same tokens as numpy's argmax
-of the logits, a batch's rows as one token at a time, and greedy and sampled runs taking turns on one context."""
+of the logits, a batch's rows as one token at a time, greedy and sampled runs taking turns on one context, and
+several sequences of a batch, each with its own sampler. specdec computes them there where the logits are on a
+GPU; these tests turn it on for the CPU (`IN_GRAPH`), where the machinery is the same."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from specdec_cli import api
+from specdec_cli.engine import backend_argmax
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.settings import GenerateOptions
 from specdec_cli.engine.speculative import generate
 from tests.conftest import THREADS
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where"
+
+
+@pytest.fixture(autouse=True)
+def argmax_in_graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(backend_argmax, "IN_GRAPH", True)
+    yield
+
+
+def test_on_a_cpu_greedy_tokens_are_numpys_unless_the_logits_are_on_a_gpu(smol_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the logits are in host memory numpy's argmax is the cheaper one (backend_argmax.py says why)."""
+    monkeypatch.setattr(backend_argmax, "IN_GRAPH", None)
+    with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
+        assert m._argmax is None
+        C, n_layer = m._C, int(m._C.llama_model_n_layer(m._model))  # noqa: N806
+        assert not backend_argmax.in_graph(C, m._model, 0) and not backend_argmax.in_graph(C, m._model, n_layer)
+        assert backend_argmax.in_graph(C, m._model, n_layer + 1)  # every layer and the output layer: a GPU's
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        top = m.decode_argmax(ids, 2)
+        m.rollback(0)
+        assert top == np.argmax(m.decode(ids, 2), axis=-1).tolist()
 
 
 def test_in_graph_argmax_is_numpys_argmax_of_the_logits(smol_path: Path) -> None:
@@ -91,3 +119,57 @@ def test_a_context_that_refuses_the_sampler_is_asked_once() -> None:
     assert a.chain_fn is None  # not specdec's build: no patch 0006 loop
     assert not a.attach() and not a.attach() and not a.on
     assert len(asked) == 1 and a.refused
+
+
+def test_prepare_attaches_greedy_sequences_and_leaves_those_without_outputs_alone() -> None:
+    """A sampler per greedy sequence with output rows; a sequence whose logits are read loses its own; one
+    with no output row in the batch (a prompt's chunk, fillers) keeps what it has, so a slot does not pay a
+    graph reservation each way for a chunk of its prompt."""
+    from types import SimpleNamespace
+
+    calls: list[tuple[int, bool]] = []
+    C = SimpleNamespace(  # noqa: N806 - the bindings' calls BackendArgmax makes
+        _lib=SimpleNamespace(), llama_get_sampled_token_ith=None, llama_sampler_chain_default_params=lambda: None,
+        llama_sampler_chain_init=lambda _p: object(), llama_sampler_init_greedy=lambda: None,
+        llama_sampler_chain_add=lambda _c, _s: None, llama_sampler_free=lambda _c: None,
+        llama_set_sampler=lambda _ctx, seq, chain: calls.append((seq, chain is not None)) or True)  # fmt: skip
+    a = backend_argmax.BackendArgmax(C, ctx=None)
+    assert a.prepare([0, 1], greedy={0, 1, 2}, allowed=False) == frozenset() and not calls  # not seen finite yet
+    assert a.prepare([0, 1], greedy={0, 1, 2}, allowed=True) == {0, 1} and sorted(calls) == [(0, True), (1, True)]
+    calls.clear()
+    assert a.prepare([0], greedy={0}, allowed=True) == {0} and not calls  # 1 has no output row: kept
+    assert a.prepare([0, 1], greedy={0}, allowed=True) == {0} and calls == [(1, False)]  # 1's logits are read
+    assert set(a.chains) == {0}
+    a.decoded()
+    assert not a._retired
+
+
+@pytest.mark.slow
+def test_concurrent_greedy_sequences_take_their_tokens_from_the_graph_exactly(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The batch engine with a sampler per greedy slot, and a seeded sampled request beside them whose rows are
+    read as logits (llama.cpp then copies every row's): each generation as its solo run on numpy's path."""
+    prompts = ["The capital of France is", "Write a haiku about the sea.", "List three prime numbers:"]
+    monkeypatch.setattr(backend_argmax, "IN_GRAPH", False)
+    with api.load(n_ctx=512, n_threads=THREADS, drafter="none") as solo:
+        ref = [solo.generate(p, max_tokens=24) for p in prompts]
+        ref_sampled = solo.generate(TEXT, max_tokens=24, temperature=0.8, seed=7)
+    monkeypatch.setattr(backend_argmax, "IN_GRAPH", True)
+    with api.load(n_ctx=512, n_threads=THREADS, drafter="none", parallel=4) as par:
+        par.generate(prompts[0], max_tokens=4)  # the first read of the logits: numpy's, seen finite
+        out: dict[int, api.Generation] = {}
+
+        def one(i: int) -> None:
+            out[i] = (par.generate(prompts[i], max_tokens=24) if i < 3
+                      else par.generate(TEXT, max_tokens=24, temperature=0.8, seed=7))  # fmt: skip
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        target = par.target
+        assert isinstance(target, Model) and target._argmax is not None
+        assert len(target._argmax.chains) >= 2  # several sequences' samplers took part
+    assert [out[i].token_ids for i in range(3)] == [r.token_ids for r in ref]
+    assert out[3].token_ids == ref_sampled.token_ids

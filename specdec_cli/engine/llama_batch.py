@@ -15,6 +15,19 @@ from typing import Any
 
 import numpy as np
 
+Part = tuple[int, Sequence[int], int, int]  # (seq, tokens, n_logits, tail): `Model.decode_many`'s
+
+
+def part_seqs(parts: Sequence[Part], n_batch: int) -> list[int]:
+    """The sequences of `decode_many`'s parts, once each, after checking that the parts fit one batch."""
+    if sum(len(toks) for _, toks, _, _ in parts) > n_batch:
+        raise ValueError(f"decode_many takes at most {n_batch} tokens, got {sum(len(p[1]) for p in parts)}")
+    if len({p[0] for p in parts}) != len(parts):
+        raise ValueError("decode_many takes one part per sequence")
+    if any(not (0 <= n_logits and 0 <= tail and n_logits + tail <= len(toks)) for _, toks, n_logits, tail in parts):
+        raise ValueError("more logits than tokens requested")
+    return [p[0] for p in parts]
+
 
 class LlamaBatch:
     """`n_batch` rows of one sequence id each, for the context `ctx` of a model with `n_vocab` logits a row;

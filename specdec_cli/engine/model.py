@@ -11,16 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
 
 from specdec_cli.engine import kernels
-from specdec_cli.engine.backend_argmax import BackendArgmax
+from specdec_cli.engine.backend_argmax import BackendArgmax, in_graph
 from specdec_cli.engine.gguf import ModelInfo, check_context_fits, check_gguf_file, model_info
 from specdec_cli.engine.kv_cache import CacheMethods
-from specdec_cli.engine.llama_batch import LlamaBatch
+from specdec_cli.engine.llama_batch import LlamaBatch, Part, part_seqs
 from specdec_cli.engine.native import (
     bindings,
     clear_log,
@@ -32,8 +32,9 @@ from specdec_cli.engine.native import (
     out_of_memory,
     usable_cores,
 )
-from specdec_cli.engine.protocol import argmax_of_logits, chain_by_steps
+from specdec_cli.engine.protocol import Rows, argmax_of_logits, chain_by_steps
 from specdec_cli.engine.rpc import Placement
+from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.vocab import Vocab, VocabMethods
 from specdec_cli.errors import ContextError, ModelFileError, RpcError, UnsupportedModelError, UsageError
 
@@ -81,7 +82,7 @@ class Model(VocabMethods, CacheMethods):
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.vocab_only = vocab_only
-        self.exact = exact  # False: a draft, which only proposes, keeps llama.cpp's faster kernels
+        self.exact, self.n_gpu_layers = exact, n_gpu_layers  # not exact: a draft (it only proposes), llama.cpp's kernels
         # The kernels (engine/kernels.py): chosen, loaded, probed; `settle` reopens with the reference ones
         self.kernels, why = kernels.choose(exact, self.placement is None, n_gpu_layers, vocab_only)
         # patch 0008's process-wide switch, set before each of this model's decodes: on for an exact GPU model
@@ -176,9 +177,9 @@ class Model(VocabMethods, CacheMethods):
         self._mem = C.llama_get_memory(ctx)
         self._batch = LlamaBatch(C, ctx, n_batch, self.n_vocab, n_seq > 1)
         self.hidden_on = False  # every row an output, with its hidden state (`set_hidden`)
-        # greedy tokens computed in the graph (`decode_argmax`): one sequence, weights here or on a GPU here
-        self._argmax = BackendArgmax(C, ctx) if n_seq == 1 and self.placement is None else None
-        self._logits_seen = False  # a decode_argmax saw this context's logits finite (the in-graph argmax cannot)
+        # greedy tokens computed in the graph (`decode_argmax`, `decode_many`) where that pays: backend_argmax.py
+        self._argmax = BackendArgmax(C, ctx) if self.placement is None and in_graph(C, model, self.n_gpu_layers) else None
+        self._logits_seen = False  # numpy saw this context's logits finite (the in-graph argmax cannot)
 
     # ------------------------------------------------------------------ info
     @property
@@ -209,8 +210,8 @@ class Model(VocabMethods, CacheMethods):
     def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray:
         """Append `tokens` to the cache; return logits for the last `n_logits` of them: a zero-copy
         ``(n_logits, n_vocab)`` float32 view of llama.cpp's output buffer, valid until the next call that decodes."""
-        if self._argmax is not None and self._argmax.on:
-            self._argmax.detach()  # raw logits again (a sampled run after greedy ones)
+        if self._argmax is not None and seq in self._argmax.chains:
+            self._argmax.detach(seq)  # raw logits again (a sampled run after greedy ones)
         return self._decode(tokens, n_logits, seq)
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
@@ -274,32 +275,36 @@ class Model(VocabMethods, CacheMethods):
         last = bounds[-1] - bounds[-2]  # with hidden states on, every row of the last chunk is an output
         return self._batch.logits(last - n_logits if self.hidden_on else 0, n_logits)
 
-    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+    def decode_many(self, parts: Sequence[Part], greedy: Collection[int] = ()) -> list[Rows]:
         """Decode several sequences' tokens in ONE llama_decode: `parts` are (seq, tokens, n_logits,
         tail), at most `n_batch` tokens in all, one part per sequence; the last `tail` tokens get no
         logits (fillers) and the n_logits before them do. Returns each part's logits, as views valid
-        until the next call that decodes."""
+        until the next call that decodes; for a sequence in `greedy`, their argmaxes instead (in the graph
+        as `decode_argmax`'s, once the logits were seen finite; None: a row not finite)."""
         self._context()
-        total = sum(len(toks) for _, toks, _, _ in parts)
-        if total > self.n_batch:
-            raise ValueError(f"decode_many takes at most {self.n_batch} tokens, got {total}")
-        if len({s for s, _, _, _ in parts}) != len(parts):
-            raise ValueError("decode_many takes one part per sequence")
-        row = 0
+        seqs, row = part_seqs(parts, self.n_batch), 0
         for seq, toks, n_logits, tail in parts:
-            if not (0 <= n_logits and 0 <= tail and n_logits + tail <= len(toks)):
-                raise ValueError("more logits than tokens requested")
             self._check_room(seq, len(toks))
             self._batch.fill(row, seq, len(self.seq_tokens[seq]), toks, n_logits, tail, self.hidden_on)
             row += len(toks)
+        a, out_seqs = self._argmax, [s for s, _, n, _ in parts if n or self.hidden_on]  # those with output rows
+        graph = a.prepare(out_seqs, greedy, self._logits_seen and not self.hidden_on) if a and (greedy or a.chains) else ()
         if row:
-            self._run_batch(row, tuple(s for s, _, _, _ in parts))
-        out, first, row = [], 0, 0
+            self._run_batch(row, tuple(seqs))
+        out: list[Rows] = []
+        first, row, n_out = 0, 0, sum(p[2] for p in parts)
         for seq, toks, n_logits, tail in parts:
             self.seq_tokens[seq].extend(toks)
             if self.hidden_on:  # every row is an output: a part's logits rows are where its tokens are
                 first = row + len(toks) - tail - n_logits
-            out.append(self._batch.logits(first, n_logits))
+            if seq in graph:  # the graph's argmaxes; else numpy's, which sees a row that is not finite
+                out.append(a.tokens(n_logits, n_out - first - n_logits))  # type: ignore[union-attr]
+            elif seq in greedy:
+                top = finite_argmax(self._batch.logits(first, n_logits))
+                self._logits_seen = self._logits_seen or top is not None
+                out.append(None if top is None else top.tolist())
+            else:
+                out.append(self._batch.logits(first, n_logits))
             first += n_logits
             row += len(toks)
         return out
@@ -318,6 +323,8 @@ class Model(VocabMethods, CacheMethods):
         C.llama_synchronize(self._ctx)
         self.decode_seconds += time.perf_counter() - t0
         self.pending_moves.clear()  # llama_decode applies them before anything else
+        if self._argmax is not None:
+            self._argmax.decoded()
         if ret != 0:
             self._failed(ret, seqs)
         self.decoded_tokens += n_tokens

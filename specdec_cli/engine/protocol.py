@@ -9,7 +9,7 @@ files. The cache is a single sequence: `tokens` lists what it holds, in order.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -19,6 +19,8 @@ from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
 from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.specials import ControlTexts
+
+Rows = np.ndarray | list[int] | None  # `decode_many`'s for a part: logits rows, or their argmaxes (None: not finite)
 
 
 class LanguageModel(Protocol):
@@ -124,8 +126,11 @@ class LoadedModel(LanguageModel, Protocol):
 
     def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> np.ndarray: ...
 
-    def decode_many(self, parts: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
-        """Parts of several sequences in one batch: (seq, tokens, n_logits, tail); see `Model.decode_many`."""
+    def decode_many(
+        self, parts: Sequence[tuple[int, Sequence[int], int, int]], greedy: Collection[int] = ()
+    ) -> list[Rows]:
+        """Parts of several sequences in one batch: (seq, tokens, n_logits, tail), the rows' logits, or for a
+        sequence in `greedy` their argmaxes (None: a row not finite); see `Model.decode_many`."""
         ...
 
     def rollback(self, n_keep: int, seq: int = 0) -> None: ...

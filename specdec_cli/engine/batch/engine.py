@@ -35,6 +35,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
 from specdec_cli.engine.batch.plan import Choice, Planner
@@ -264,13 +265,14 @@ class BatchEngine:
         fill = {} if hidden_on else self.planner.fillers(counts, [s.seq for s in gen], room)
         for seq, n in fill.items():  # fillers after a sequence's own tokens, without logits
             toks, n_logits, _ = parts.get(seq, ([], 0, 0))
-            parts[seq] = (toks + [self._filler_token(seq)] * n, n_logits, n)
+            parts[seq] = (toks + [(self.target.seq_tokens[seq] or [0])[-1]] * n, n_logits, n)  # its last token again
         ordered = sorted(parts)
         if hidden_on != self.target_hidden:
             self.target.set_hidden(hidden_on)
             self.target_hidden = hidden_on
-        tt0 = self.target.decode_seconds
-        rows = self.target.decode_many([(seq, *parts[seq]) for seq in ordered])
+        tt0 = self.target.decode_seconds  # greedy slots get their rows' argmaxes (llama.cpp's graph computes them)
+        greedy = () if self.heads is not None else {s.seq for s in gen + prefill_done if s.job and s.job.greedy}
+        rows = self.target.decode_many([(seq, *parts[seq]) for seq in ordered], greedy)
         t_target = self.target.decode_seconds - tt0
         hidden, at = None, {}
         if hidden_on:
@@ -331,10 +333,6 @@ class BatchEngine:
             elif not any(c.n for c in choices.values()):
                 self.planner.realized.plain_step(n_gen, seconds)
 
-    def _filler_token(self, seq: int) -> int:
-        held = self.target.seq_tokens[seq]
-        return held[-1] if held else 0
-
     # ------------------------------------------------------------ drafting
     def _draft_rounds(self, gen: list[Slot], choices: dict[int, Choice]) -> float:
         """Fill each slot's `proposal`: n-gram tokens at once, model drafts in batched rounds. Returns
@@ -372,7 +370,7 @@ class BatchEngine:
                 rows = draft.decode_many([(seq, feed[seq], 1, 0) for seq in seqs])
                 n_tok = sum(len(feed[seq]) for seq in seqs)
                 self.planner.draft_costs.observe(n_tok, draft.decode_seconds - t0)
-                by = dict(zip(seqs, rows, strict=True))
+                by: dict[int, Any] = dict(zip(seqs, rows, strict=True))  # logits: no greedy sequences
                 still: list[Slot] = []
                 for s in active:
                     assert s.job is not None and s.gen is not None

@@ -34,6 +34,7 @@ class BatchJob:
     should_stop: Callable[[], bool] = lambda: False
     k_max: int = 8
     result: Transcript = field(init=False)
+    greedy: bool = field(init=False)  # its tokens are each row's argmax (the engine asks llama.cpp for those)
     n_cached: int = 0  # prompt tokens the slot's cache already held
     slot: int = -1
     _queue: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
@@ -42,6 +43,7 @@ class BatchJob:
 
     def __post_init__(self) -> None:
         self.result = Transcript(text="", token_ids=[], stop_reason="", n_prompt=len(self.prompt))
+        self.greedy = self.config.sampler.greedy
 
     def put(self, item: object) -> None:
         """An event, an exception or `END`, from the engine's thread (or `fail_all`'s): to the listener, else

@@ -121,8 +121,9 @@ class ModelDrafter:
         return Proposal(drafted, dists, req.k, MODEL)
 
     def _propose_greedy(self, req: DraftRequest) -> Proposal:
-        """Greedy, no p_min: each draft token is the draft's argmax, which the model computes where its logits
-        are (`decode_argmax`: in llama.cpp's graph, nothing read back), the step's cheapest host path."""
+        """Greedy, no p_min: each draft token is the draft's argmax, which the model computes the cheapest way it
+        has (`decode_argmax`, `argmax_chain`: on a GPU in llama.cpp's graph, nothing read back, the K tokens in one
+        call; on a CPU numpy's, engine/backend_argmax.py)."""
         fresh = self._fresh(req.context)
         if fresh is None:
             return Proposal(k=req.k, source=MODEL)
