@@ -225,6 +225,33 @@ def serve(spec: api.Speculator, coro: Any, **settings: Any) -> Any:
     return in_process(Server(spec, ServerSettings("fake-pair", GenerateOptions(max_tokens=32), **settings)), coro)
 
 
+def test_metrics_count_every_step_and_batch_the_engine_ran() -> None:
+    """/metrics' per-step figures (counted in plain Python, rendered when read) add up: the drafts of the batches
+    are the drafts of the steps, each draft position counted once per step that drafted it, accepted within
+    drafted, one batch per step at most (a prompt's batch has no step)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async def go(http: httpx.AsyncClient) -> str:
+        for p in PROMPTS:
+            body = {"model": "fake-pair", "messages": [{"role": "user", "content": p}], "max_tokens": 24}
+            assert (await http.post("http://specdec.test/v1/chat/completions", json=body)).status_code == 200
+        return (await http.get("http://specdec.test/metrics")).text
+
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="model") as par:
+        text = in_process(Server(par, ServerSettings("fake-pair", GenerateOptions(max_tokens=24))), go)
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    steps, drafted = values[("specdec_steps_total", ())], values[("specdec_tokens_drafted_total", ())]
+    at = {dict(k[1])["position"]: v for k, v in values.items() if k[0] == "specdec_position_drafted_total"}
+    ok = {dict(k[1])["position"]: v for k, v in values.items() if k[0] == "specdec_position_accepted_total"}
+    assert steps > len(PROMPTS) and drafted > 0 and sum(at.values()) == drafted
+    assert values[("specdec_batch_draft_tokens_sum", ())] == drafted
+    assert 0 < values[("specdec_tokens_accepted_total", ())] == sum(ok.values()) <= drafted
+    assert all(ok[p] <= at[p] for p in at) and at["1"] >= max(at.values())
+    batches = values[("specdec_batch_sequences_count", ())]
+    assert batches >= steps / 2 and values[("specdec_batch_sequences_bucket", (("le", "+Inf"),))] == batches
+
+
 def test_server_chat_greedy_is_the_api_through_the_openai_client(spec: api.Speculator) -> None:
     async def go(http: httpx.AsyncClient) -> tuple[Any, str]:
         client = openai.AsyncOpenAI(base_url="http://specdec.test/v1", api_key="unused", http_client=http, max_retries=0)
