@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import threading
 import time
@@ -872,3 +873,37 @@ def test_a_server_reads_its_vocabulary_and_template_before_the_first_request() -
             assert templates._compile.cache_info().currsize == 1
         finally:
             server.shutdown()
+
+
+def test_a_lone_request_that_never_drafts_steps_as_a_solo_run_without_the_planner(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """One request at a time with no drafter (`serve --no-draft` at one client): each step is a solo run's
+    (`BatchEngine._lone_step`: no plan, no fillers, no records), greedy and seeded sampling alike, with a stop
+    string's end and a cancel; beside a second request the steps go through the planner again."""
+    from tests.fakes import open_fake
+
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+    planned: list[int] = []
+    plan = Planner.plan
+    monkeypatch.setattr(Planner, "plan", lambda self, gen, pre: (planned.append(len(gen)), plan(self, gen, pre))[1])
+    prompts = ["Name three rivers.", "Write a line about the sea."]
+    kw: list[dict[str, Any]] = [{}, {"temperature": 0.9, "seed": 3}]
+    with api.load(open_model=open_fake, n_ctx=1024, drafter="none") as solo:
+        ref = [solo.generate(p, max_tokens=30, **k) for p in prompts for k in kw]
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="none") as par:
+        got = [par.generate(p, max_tokens=30, **k) for p in prompts for k in kw]
+        assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+        assert all(g.stats.steps == len(g.token_ids) for g in got)  # one token a step: plain steps
+        assert planned == [] or max(planned) == 0  # the prompt's step only: the planner never saw a generating slot
+        asked = itertools.count()  # cancelled from the engine's sixth look at it on
+        run = par.start(prompts[0], max_tokens=30, cancel=lambda: next(asked) >= 5)
+        for _ in run.events():
+            pass
+        assert run.generation.stop_reason == "interrupted" and 0 < len(run.generation.token_ids) < 30
+        assert run.generation.token_ids == ref[0].token_ids[: len(run.generation.token_ids)]
+        planned.clear()
+        decode = par.target.decode_many  # a decode that takes time, so that the two requests overlap
+        monkeypatch.setattr(par.target, "decode_many", lambda *a, **k: (time.sleep(0.002), decode(*a, **k))[1])
+        both = _concurrently(par, prompts, max_tokens=30)
+        assert [g.token_ids for g in both] == [ref[0].token_ids, ref[2].token_ids]
+        assert max(planned) == 2  # two slots generating: the planner's step

@@ -30,33 +30,33 @@ else runs, and a seed must give the same text whatever runs beside it.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
-from specdec_cli.engine.batch.plan import Choice, Planner
+from specdec_cli.engine.batch.drafting import draft_rounds
+from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.prompt_cache import PromptCache
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
-from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, NgramDrafter, Proposal, pick
+from specdec_cli.engine.drafters import NgramDrafter, Proposal
 from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.drafters.gate import ShadowScore
 from specdec_cli.engine.drafters.medusa import HeadsDrafter
 from specdec_cli.engine.drafters.pool import TokenPool
 from specdec_cli.engine.estimates import BatchCosts
-from specdec_cli.engine.events import DrafterDropped, Prefill
+from specdec_cli.engine.events import Prefill, Step
 from specdec_cli.engine.heads import Heads
-from specdec_cli.engine.protocol import LoadedModel
-from specdec_cli.engine.sampling import Dist
-from specdec_cli.engine.settings import AUTO, HEADS, MODEL, NGRAM
+from specdec_cli.engine.protocol import LoadedModel, Rows
+from specdec_cli.engine.settings import MODEL, NONE
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import InternalError, SpecdecError
 
 __all__ = ["BatchEngine", "BatchJob", "SeqView"]
+
+_PLAIN = Proposal()  # no drafts: a plain step's proposal (read, never changed)
 
 
 class BatchEngine:
@@ -231,11 +231,14 @@ class BatchEngine:
         if not gen and not pre:
             return
         self.planner.occupancy.observe(len(gen) + len(pre))
+        if not pre and len(gen) == 1 and gen[0].job is not None and gen[0].job.kind == NONE and self.heads is None:
+            self._lone_step(gen[0])
+            return
         self.planner.chatting = any(s.job is None and s.last_streamed for s in self.slots)
         t_step = time.perf_counter()
         n_gen, no_prompt = len(gen), not pre  # what the step is measured under (engine/batch/realized.py)
         choices = self.planner.plan(gen, pre)
-        t_draft = self._draft_rounds(gen, choices)
+        t_draft = draft_rounds(self.draft, self.planner, gen, choices)
         t_sample = time.perf_counter() - t_step - t_draft
         # ---- the target batch
         counts = [0] * len(self.slots)
@@ -304,28 +307,16 @@ class BatchEngine:
         # ---- verify each generating slot as a solo run would
         emitted = 0
         for s in gen:
-            assert s.job is not None and s.gen is not None
-            try:
-                step, n_acc = s.gen.verify(s.index, s.context, s.proposal, by_seq[s.seq],
-                                           (t_step, t_draft, t_target, t_sample))  # fmt: skip
-            except SpecdecError as exc:
-                self._finish(s, error=exc)
+            verified = self._verify(s, by_seq[s.seq], (t_step, t_draft, t_target, t_sample))
+            if verified is None:
                 continue
-            s.index += 1
+            step, n_acc = verified
             emitted += len(step.emitted)
             if s.proposal.source == MODEL and s.proposal.tokens:
                 self.state.model.observe(len(s.proposal.tokens), n_acc)
-            s.shadow.score(s.context)
             if s.heads is not None and s.heads_shadow is not None:
                 s.heads.observe(None if hidden is None else hidden[at[s.seq] + n_acc], len(s.context))
                 s.heads_shadow.score(s.context)
-            s.job.put(step)
-            if step.stop:
-                s.job.result.stop_reason = step.stop
-                self._finish(s)
-            elif self.target.n_ctx - (len(s.context) - 1) <= 0:
-                s.job.result.stop_reason = "context"
-                self._finish(s)
         if no_prompt and n_gen:
             seconds = time.perf_counter() - t_step
             if self.planner.predicted is not None:
@@ -333,66 +324,36 @@ class BatchEngine:
             elif not any(c.n for c in choices.values()):
                 self.planner.realized.plain_step(n_gen, seconds)
 
-    # ------------------------------------------------------------ drafting
-    def _draft_rounds(self, gen: list[Slot], choices: dict[int, Choice]) -> float:
-        """Fill each slot's `proposal`: n-gram tokens at once, model drafts in batched rounds. Returns
-        seconds inside the draft's decode."""
-        drafting: list[Slot] = []
-        for s in gen:
-            c = choices.get(s.seq)
-            assert s.job is not None
-            if c is None or c.n == 0:
-                s.proposal = Proposal()
-            elif c.source in (NGRAM, HEADS):
-                s.proposal = dataclasses.replace(s.lookup.cut(c.n), k=c.n)
-            else:
-                drafting.append(s)
-        if not drafting or self.draft is None:
-            return 0.0
-        draft = self.draft
-        td0 = draft.decode_seconds
-        want = {s.seq: choices[s.seq].n for s in drafting}
-        toks: dict[int, list[int]] = {s.seq: [] for s in drafting}
-        dists: dict[int, list[Dist]] = {s.seq: [] for s in drafting}
-        feed: dict[int, list[int]] = {}
-        reqs: dict[int, DraftRequest] = {}
-        for s in drafting:  # round 0: catch each draft cache up with its context
-            assert s.job is not None and s.gen is not None
-            s.draft_offset, keep = self.planner.catch_up(s)
-            draft.rollback(keep, s.seq)
-            feed[s.seq] = s.context[s.draft_offset + keep :]
-            reqs[s.seq] = DraftRequest(s.context, want[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)
-        active = list(drafting)
+    def _verify(self, s: Slot, rows: Rows, times: tuple[float, float, float, float]) -> tuple[Step, int] | None:
+        """Verify slot `s`'s step as a solo run would, hand the step to its job and end the job where the step
+        ended it: the step and the drafts accepted (None: the step failed, the job ended with its error)."""
+        assert s.job is not None and s.gen is not None
         try:
-            while active:
-                seqs = sorted(s.seq for s in active)
-                t0 = draft.decode_seconds
-                rows = draft.decode_many([(seq, feed[seq], 1, 0) for seq in seqs])
-                n_tok = sum(len(feed[seq]) for seq in seqs)
-                self.planner.draft_costs.observe(n_tok, draft.decode_seconds - t0)
-                by: dict[int, Any] = dict(zip(seqs, rows, strict=True))  # logits: no greedy sequences
-                still: list[Slot] = []
-                for s in active:
-                    assert s.job is not None and s.gen is not None
-                    picked = pick(draft, by[s.seq][0], reqs[s.seq], s.job.config.draft_p_min)
-                    if picked is None:
-                        continue
-                    tok, q = picked
-                    toks[s.seq].append(tok)
-                    dists[s.seq].append(q)
-                    if tok in s.gen.eog or len(toks[s.seq]) >= want[s.seq]:
-                        continue
-                    feed[s.seq] = [tok]
-                    still.append(s)
-                active = still
-        except DraftUnusable as exc:
-            self.planner.draft_broken = str(exc)
-            for s in drafting:
-                assert s.job is not None
-                rest = "the n-gram lookup goes on alone" if s.job.kind == AUTO else "speculation is off"
-                s.job.put(DrafterDropped(f"{exc}: {rest} for the rest of this run"))
-                s.proposal = Proposal()
-            return draft.decode_seconds - td0
-        for s in drafting:
-            s.proposal = Proposal(toks[s.seq], dists[s.seq], want[s.seq], MODEL)
-        return draft.decode_seconds - td0
+            step, n_acc = s.gen.verify(s.index, s.context, s.proposal, rows, times)
+        except SpecdecError as exc:
+            self._finish(s, error=exc)
+            return None
+        s.index += 1
+        s.shadow.score(s.context)
+        s.job.put(step)
+        if step.stop:
+            s.job.result.stop_reason = step.stop
+            self._finish(s)
+        elif self.target.n_ctx - (len(s.context) - 1) <= 0:
+            s.job.result.stop_reason = "context"
+            self._finish(s)
+        return step, n_acc
+
+    def _lone_step(self, s: Slot) -> None:
+        """One slot generating, for a job that never drafts (`--no-draft`), no prompt to read: a solo run's
+        step, without the planner's pricing, fillers or records (no draft to price: a solo run keeps none
+        either). One request at a time is where the engine's own time per step shows (docs/design.md#host-time)."""
+        assert s.job is not None
+        t_step = time.perf_counter()
+        s.proposal = _PLAIN
+        tt0 = self.target.decode_seconds
+        rows = self.target.decode_many([(s.seq, [s.context[-1]], 1, 0)], (s.seq,) if s.job.greedy else ())
+        t_target = self.target.decode_seconds - tt0
+        if self.on_step is not None:
+            self.on_step(1, 1, 0)
+        self._verify(s, rows[0], (t_step, 0.0, t_target, 0.0))
