@@ -102,7 +102,7 @@ def run_workload(bases: dict[str, str], max_tokens: int) -> dict[str, dict[str, 
         for i, (_, prompt) in enumerate(WORKLOAD):
             for label in labels[i % len(labels) :] + labels[: i % len(labels)]:
                 t0 = time.perf_counter()
-                _, _, tokens, text = one_request(bases[label], prompt, max_tokens, client)
+                _, _, tokens, text, _ = one_request(bases[label], prompt, max_tokens, client)
                 tally = out[label][kind(i)]
                 tally.tokens += tokens
                 tally.seconds += time.perf_counter() - t0

@@ -13,6 +13,9 @@ different prompts. Servers: specdec with its default drafter (auto) and with
 aggregate completion tokens/s over the wall time, time to first token (request sent
 to first content chunk) p50/p95, per-request tokens/s (first to last chunk) median, and a request's
 own host time: its time to first token less the prompt's decode time the server reports (`timings.prompt_ms`).
+Completion tokens are counted on each answer's text with the target's tokenizer (`count_tokens`), the same way
+for every server: llama-server's `usage` counts the end-of-generation token an answer stopped at, specdec's does
+not, which credited llama-server with a token per answer that ends on its own (a tenth of a ten-token answer).
 Everything is measured in this one run, side by side; the ratios at the end are
 specdec auto over the better llama-server at the same concurrency. This machine's speed
 drifts by tens of percent over minutes: at each concurrency every server is started once and
@@ -96,6 +99,15 @@ QUESTIONS = [
 SENTENCES = [f"In one short sentence, what is {s}?" for s in SUBJECTS]
 MIXED = [p for quad in zip(QUESTIONS, PROMPTS[::2], SENTENCES, PROMPTS[1::2], strict=False) for p in quad]  # 96
 CTX = 4096  # per slot
+COUNT: list[Callable[[str], int]] = []  # `count_tokens`, once the pair is known
+
+
+def count_tokens(target: Path) -> Callable[[str], int]:
+    """An answer's completion tokens, from its text: the same count for the same text, whichever server wrote it."""
+    from specdec_cli.engine.model import Model
+
+    vocab = Model(target, vocab_only=True)
+    return lambda text: len(vocab.tokenize(text, add_special=False, parse_special=False))
 
 
 def gpu_layers() -> int:
@@ -176,7 +188,7 @@ def _one_request(base: str, prompt: str, max_tokens: int, client: httpx.Client) 
                 chunks += 1
                 text.append(data["choices"][0]["delta"]["content"])
     assert first is not None and last is not None
-    tokens = tokens or chunks
+    tokens = COUNT[0]("".join(text)) if COUNT else tokens or chunks
     return first - t0, tokens / max(last - first, 1e-9), tokens, "".join(text), prompt_s
 
 
@@ -230,6 +242,7 @@ def measure_in_process(spec: Any, clients: int, requests: int, max_tokens: int, 
             if chunk.generation is not None:
                 prompt_s = chunk.generation.stats.seconds.prefill
         assert first is not None and last is not None
+        n = COUNT[0]("".join(text)) if COUNT else n
         return first - t0, n / max(last - first, 1e-9), n, "".join(text), prompt_s
 
     return run_clients(clients, requests, one, first_prompt)
@@ -349,6 +362,7 @@ def main() -> None:
         ap.error(f"{args.rounds} rounds of {max(clients)} clients x {args.requests} requests need {need} prompts; "
                  f"there are {len(PROMPTS)}: fewer rounds or requests")
     target, draft = pair_files(args.pair)
+    COUNT.append(count_tokens(target))
     costs = record.calibrated(target, draft, 2)  # before any server starts: nothing else runs
     pair_flags = ["--pair", args.pair] if args.pair else []
     def slots(c: int) -> str:
