@@ -875,11 +875,10 @@ def test_a_server_reads_its_vocabulary_and_template_before_the_first_request() -
             server.shutdown()
 
 
-def test_a_lone_request_that_never_drafts_steps_as_a_solo_run_without_the_planner(
-        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """One request at a time with no drafter (`serve --no-draft` at one client): each step is a solo run's
-    (`BatchEngine._lone_step`: no plan, no fillers, no records), greedy and seeded sampling alike, with a stop
-    string's end and a cancel; beside a second request the steps go through the planner again."""
+def test_requests_that_never_draft_step_as_solo_runs_without_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests with no drafter (`serve --no-draft`): each step is their solo runs' plain step
+    (`BatchEngine._plain_step`: no drafting plan, no records), greedy and seeded sampling alike, one request at a
+    time, with a cancel, and several at once; beside a request that may draft, the planner prices the step."""
     from tests.fakes import open_fake
 
     monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
@@ -890,20 +889,33 @@ def test_a_lone_request_that_never_drafts_steps_as_a_solo_run_without_the_planne
     kw: list[dict[str, Any]] = [{}, {"temperature": 0.9, "seed": 3}]
     with api.load(open_model=open_fake, n_ctx=1024, drafter="none") as solo:
         ref = [solo.generate(p, max_tokens=30, **k) for p in prompts for k in kw]
+        ref_ngram = solo.generate(prompts[1], max_tokens=30, drafter="ngram")
     with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="none") as par:
         got = [par.generate(p, max_tokens=30, **k) for p in prompts for k in kw]
         assert [g.token_ids for g in got] == [r.token_ids for r in ref]
         assert all(g.stats.steps == len(g.token_ids) for g in got)  # one token a step: plain steps
-        assert planned == [] or max(planned) == 0  # the prompt's step only: the planner never saw a generating slot
+        assert not planned or max(planned) == 0  # prompts' steps only: the planner never saw a generating slot
         asked = itertools.count()  # cancelled from the engine's sixth look at it on
         run = par.start(prompts[0], max_tokens=30, cancel=lambda: next(asked) >= 5)
         for _ in run.events():
             pass
         assert run.generation.stop_reason == "interrupted" and 0 < len(run.generation.token_ids) < 30
         assert run.generation.token_ids == ref[0].token_ids[: len(run.generation.token_ids)]
+        decode = par.target.decode_many  # a decode that takes time, so that the requests overlap
+        batches: list[int] = []
         planned.clear()
-        decode = par.target.decode_many  # a decode that takes time, so that the two requests overlap
-        monkeypatch.setattr(par.target, "decode_many", lambda *a, **k: (time.sleep(0.002), decode(*a, **k))[1])
+        monkeypatch.setattr(par.target, "decode_many",
+                            lambda parts, *a: (batches.append(len(parts)), time.sleep(0.002), decode(parts, *a))[2])
         both = _concurrently(par, prompts, max_tokens=30)
         assert [g.token_ids for g in both] == [ref[0].token_ids, ref[2].token_ids]
-        assert max(planned) == 2  # two slots generating: the planner's step
+        # two slots in one batch; the planner only where a step also read a prompt (one such step per request)
+        assert max(batches) == 2 and sum(1 for n in planned if n) <= len(prompts)
+        planned.clear()
+        runs = [par.start(prompts[0], max_tokens=30), par.start(prompts[1], max_tokens=30, drafter="ngram")]
+        threads = [threading.Thread(target=lambda r=r: [None for _ in r.events()]) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [r.generation.token_ids for r in runs] == [ref[0].token_ids, ref_ngram.token_ids]
+        assert ref_ngram.token_ids == ref[2].token_ids and max(planned) >= 1  # the n-gram request's steps: planned

@@ -231,8 +231,8 @@ class BatchEngine:
         if not gen and not pre:
             return
         self.planner.occupancy.observe(len(gen) + len(pre))
-        if not pre and len(gen) == 1 and gen[0].job is not None and gen[0].job.kind == NONE and self.heads is None:
-            self._lone_step(gen[0])
+        if not pre and self.heads is None and all(s.job is not None and s.job.kind == NONE for s in gen):
+            self._plain_step(gen)
             return
         self.planner.chatting = any(s.job is None and s.last_streamed for s in self.slots)
         t_step = time.perf_counter()
@@ -265,10 +265,7 @@ class BatchEngine:
         hidden_on = self.heads is not None and not pre
         # No fillers while hidden states are on: with every row an output, a filler-only sequence between
         # generating ones changed a later sequence's greedy token (tests/test_medusa.py, fair slots' layouts)
-        fill = {} if hidden_on else self.planner.fillers(counts, [s.seq for s in gen], room)
-        for seq, n in fill.items():  # fillers after a sequence's own tokens, without logits
-            toks, n_logits, _ = parts.get(seq, ([], 0, 0))
-            parts[seq] = (toks + [(self.target.seq_tokens[seq] or [0])[-1]] * n, n_logits, n)  # its last token again
+        fill = {} if hidden_on else self._fill(parts, counts, gen, room)
         ordered = sorted(parts)
         if hidden_on != self.target_hidden:
             self.target.set_hidden(hidden_on)
@@ -282,14 +279,7 @@ class BatchEngine:
             at = dict(zip(ordered, itertools.accumulate((len(parts[q][0]) for q in ordered), initial=0), strict=False))
             hidden = self.target.hidden(sum(len(parts[q][0]) for q in ordered))
         by_seq = dict(zip(ordered, rows, strict=True))
-        total = sum(len(parts[s][0]) for s in ordered)
-        if len(ordered) == 1 or len(ubatch_sizes([len(parts[s][0]) if s in parts else 0 for s in range(len(self.slots))],
-                                                 self.target.n_batch)) == 1:  # fmt: skip (one sequence: one pass)
-            self.state.costs.observe(total, t_target)
-        for seq, n in fill.items():
-            self.target.rollback(len(self.target.seq_tokens[seq]) - n, seq)
-        if self.on_step is not None:
-            self.on_step(len(ordered), total, sum(len(s.proposal.tokens) for s in gen))
+        self._after_decode(parts, fill, t_target, sum(len(s.proposal.tokens) for s in gen))
         # ---- prompts that finished: their first token comes out of this very batch
         for s in pre:
             toks, _, tail = parts.get(s.seq, ([], 0, 0))
@@ -344,16 +334,46 @@ class BatchEngine:
             self._finish(s)
         return step, n_acc
 
-    def _lone_step(self, s: Slot) -> None:
-        """One slot generating, for a job that never drafts (`--no-draft`), no prompt to read: a solo run's
-        step, without the planner's pricing, fillers or records (no draft to price: a solo run keeps none
-        either). One request at a time is where the engine's own time per step shows (docs/design.md#host-time)."""
-        assert s.job is not None
+    def _plain_step(self, gen: list[Slot]) -> None:
+        """Every generating slot's job never drafts (`--no-draft`), no prompt to read: each slot's pending token
+        in one batch (fillers where they make it one pass), verified as a solo run's plain step, without the
+        planner's drafting plans or their records. With one request at a time this is a solo run's step:
+        where the engine's own time per step shows most (docs/design.md#host-time)."""
         t_step = time.perf_counter()
-        s.proposal = _PLAIN
+        counts = [0] * len(self.slots)
+        parts: dict[int, tuple[list[int], int, int]] = {}
+        for s in gen:
+            s.proposal = _PLAIN
+            parts[s.seq], counts[s.seq] = ([s.context[-1]], 1, 0), 1
+        fill = self._fill(parts, counts, gen, self.budget - len(gen)) if len(gen) > 1 else {}
+        ordered = sorted(parts)
+        greedy = {s.seq for s in gen if s.job is not None and s.job.greedy}
         tt0 = self.target.decode_seconds
-        rows = self.target.decode_many([(s.seq, [s.context[-1]], 1, 0)], (s.seq,) if s.job.greedy else ())
+        rows = self.target.decode_many([(seq, *parts[seq]) for seq in ordered], greedy)
         t_target = self.target.decode_seconds - tt0
+        by_seq = dict(zip(ordered, rows, strict=True))
+        self._after_decode(parts, fill, t_target, 0)
+        for s in gen:
+            self._verify(s, by_seq[s.seq], (t_step, 0.0, t_target, 0.0))
+
+    def _fill(self, parts: dict[int, tuple[list[int], int, int]], counts: list[int], gen: list[Slot],
+              room: int) -> dict[int, int]:  # fmt: skip
+        """Filler tokens after sequences' own (their last token again, without logits) where one micro-batch then
+        costs less than llama.cpp's split (`Planner.fillers`): added to `parts`, returned to be rolled back."""
+        fill = self.planner.fillers(counts, [s.seq for s in gen], room)
+        for seq, n in fill.items():
+            toks, n_logits, _ = parts.get(seq, ([], 0, 0))
+            parts[seq] = (toks + [(self.target.seq_tokens[seq] or [0])[-1]] * n, n_logits, n)
+        return fill
+
+    def _after_decode(self, parts: dict[int, tuple[list[int], int, int]], fill: dict[int, int], t_target: float,
+                      drafted: int) -> None:  # fmt: skip
+        """A one-pass batch's time into the cost table, the fillers rolled back, the batch to /metrics."""
+        total = sum(len(p[0]) for p in parts.values())
+        if len(parts) == 1 or len(ubatch_sizes([len(parts[s][0]) if s in parts else 0 for s in range(len(self.slots))],
+                                               self.target.n_batch)) == 1:  # fmt: skip (one sequence: one pass)
+            self.state.costs.observe(total, t_target)
+        for seq, n in fill.items():
+            self.target.rollback(len(self.target.seq_tokens[seq]) - n, seq)
         if self.on_step is not None:
-            self.on_step(1, 1, 0)
-        self._verify(s, rows[0], (t_step, 0.0, t_target, 0.0))
+            self.on_step(len(parts), total, drafted)
