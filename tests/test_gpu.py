@@ -227,10 +227,14 @@ def test_an_exact_gpu_target_decodes_within_the_width_patch_0008_covers(monkeypa
             engine.close()
 
 
-def test_each_model_sets_the_cuda_switch_for_its_own_decodes(smol_path: Path) -> None:
+def test_each_model_sets_the_cuda_switch_for_its_own_decodes(smol_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Patch 0008's switch is process-wide: an exact GPU target turns it on before each of its decodes, a draft or
-    `--kernels fast` model (or a CPU's) off, so each llama.cpp context runs (and keeps CUDA graphs of) its own."""
+    `--kernels fast` model (or a CPU's) off, so each llama.cpp context runs (and keeps CUDA graphs of) its own.
+    The greedy chain runs where the logits are on a GPU: turned on here for the CPU (backend_argmax.IN_GRAPH)."""
+    from specdec_cli.engine import backend_argmax
     from specdec_cli.engine.model import Model
+
+    monkeypatch.setattr(backend_argmax, "IN_GRAPH", True)
 
     with contextlib.closing(Model(smol_path, n_ctx=256, n_threads=THREADS)) as model:
         assert model._cuda_switch is None and model.exact_width is None  # a CPU build: no switch, no limit
