@@ -15,7 +15,7 @@
 #                     and gguf
 #   tok.gguf          a tokenizer-only GGUF from the packaged SmolLM2-135M (scripts/gpu/gen_models.py gives
 #                     random-weight models this tokenizer)
-#   gpu/              scripts/gpu/ (gen_models.py, probe.py, report.py)
+#   gpu/              scripts/gpu/ (gen_models.py, probe.py, probe_streams.py, batched.py, report.py)
 #   manifest.json     when, from which commit (and whether the tree had changes), the versions and sizes
 # Then on the GPU machine, carrying .gpu: bash scripts/gpu-check.sh (it says how).
 set -euo pipefail

@@ -15,8 +15,8 @@
 #                                              pair only and short runs (into build/gpu-check-rehearse/out
 #                                              unless $OUT is set), to catch the script's bugs for free
 # Options: --tree runs the working tree's specdec_cli instead of the bundle's specdec.tar.gz; --quick only checks
-# exactness (patch 0008's probes, one sequence and several, and greedy identity on the 8B Q4_0 pair), for a
-# device session's last minutes.
+# exactness (patch 0008's probes, one sequence and several, greedy identity on the 8B Q4_0 pair, and four requests
+# at once through the batch engine), for a device session's last minutes.
 # Environment: GPU_CHECK_BUDGET (seconds for the whole script: 540 on a GPU; a step that would overrun it is
 # skipped, the report is always written), GPU_CHECK_WORK (build, models, caches: build/gpu-check, kept, so a
 # second run on a warm machine skips the build and the models), GPU_CHECK_PYTHON (python3; --rehearse:
@@ -485,6 +485,11 @@ read -r P T D <<< "${PAIRS[0]}"
 T=$M/$T.gguf
 D=$M/$D.gguf
 identity exact "$T" "$D"
+# --- several requests at once through the batch engine (a server's slots), each against the target alone -------
+step batched "$([ "$MODE" = rehearse ] && echo 300 || echo 90)" "$PY" "$GPUPY/batched.py" "$RAW/batched.json" "$T" "$D" \
+  "$NB" $([ "$MODE" = rehearse ] && echo 1) > "$RAW/batched.log" 2> "$RAW/batched.err" || tail -5 "$RAW/batched.err"
+cat "$RAW/batched.log"
+"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 if [ "$QUICK" = 1 ]; then
   finish
   exit "$FAILED"

@@ -247,6 +247,7 @@ def report(out: Path, dest: Path) -> None:
              if isinstance(p, dict)]  # llama.cpp's kernels, then patch 0008's (GGML_CUDA_BATCH_INVARIANT=1)
     rs = runs(out)
     ident = identity(out)
+    batched = read_json(out / "batched.json")
     tl = tools(out)
     bn = bench(out)
     ht = read_json(out / "host-time.json")
@@ -254,7 +255,7 @@ def report(out: Path, dest: Path) -> None:
                if isinstance(p, dict)]  # several sequences in one batch: patch 0008's kernels, then stock
     combined = {"stamp": st, "meta": meta, "steps": steps, "probe": probe, "streams": streams,
                 "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in rs],
-                "identity": ident, "tools": tl, "bench": bn,
+                "identity": ident, "batched": batched, "tools": tl, "bench": bn,
                 "host_time": {k: ht.get(k) for k in ("medians", "llama_cpp", "parts")} if isinstance(ht, dict) else None}
     (dest / "gpu-check.json").write_text(json.dumps(combined, indent=1))
 
@@ -313,6 +314,12 @@ def report(out: Path, dest: Path) -> None:
                 continue
             md.append(f"- {k} ({v['config']}, {v['max_tokens']} tokens, kernels {kern(v['kernels'])}): "
                       f"**{v['identical']} of {v['prompts']}** identical")
+    if isinstance(batched, dict):
+        md += ["", "## Four requests at once through the batch engine, against the target alone", ""]
+        md += [f"- drafter {k}: **{r['same']} of {batched['prompts']}** identical, {r['tokens']} tokens in {r['seconds']} s, "
+               f"drafted {r['drafted']}, target kernels {r['kernels']}, greedy argmax in the graph for slots "
+               f"{r['graph_argmax_slots']}{'; errors: ' + '; '.join(r['errors']) if r['errors'] else ''}"
+               for k, r in batched.get("runs", {}).items()]
     if tl:
         md += ["", "## llama.cpp's tools (`-inv`: GGML_CUDA_BATCH_INVARIANT=1)", "",
                "| tool | model | fa | test | tok/s | accept |", "|---|---|---|---|---|---|"]
