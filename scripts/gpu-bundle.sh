@@ -79,7 +79,9 @@ quiet_pip download -q --only-binary=:all: --python-version 3.12 --implementation
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux_2_27_x86_64 --platform manylinux1_x86_64 \
   -d "$G/whl" "${DEPS[@]}" diskcache typing-extensions gguf
-rm -f "$G"/whl/numpy-* "$G"/whl/hf_xet-* # numpy: on the image; hf-xet: downloads only, and there is no network there
+# numpy: on the image; hf-xet: downloads only, and there is no network there; uvloop: the server's faster event
+# loop, which the check does not serve with (uvicorn falls back to asyncio's) and whose 4 MiB the bundle lacks
+rm -f "$G"/whl/numpy-* "$G"/whl/hf_xet-* "$G"/whl/uvloop-*
 
 # --- scripts/gpu/, and a tokenizer-only GGUF from the packaged SmolLM2
 cp scripts/gpu/*.py "$G/gpu/"
