@@ -270,7 +270,7 @@ class BatchEngine:
         if hidden_on != self.target_hidden:
             self.target.set_hidden(hidden_on)
             self.target_hidden = hidden_on
-        tt0 = self.target.decode_seconds  # greedy slots get their rows' argmaxes (llama.cpp's graph computes them)
+        tt0 = self.target.decode_seconds  # greedy slots get their rows' argmaxes (on a GPU, from llama.cpp's graph)
         greedy = () if self.heads is not None else {s.seq for s in gen + prefill_done if s.job and s.job.greedy}
         rows = self.target.decode_many([(seq, *parts[seq]) for seq in ordered], greedy)
         t_target = self.target.decode_seconds - tt0
