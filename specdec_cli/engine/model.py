@@ -301,7 +301,7 @@ class Model(VocabMethods, CacheMethods):
                 out.append(a.tokens(n_logits, n_out - first - n_logits))  # type: ignore[union-attr]
             elif seq in greedy:
                 top = finite_argmax(self._batch.logits(first, n_logits))
-                self._logits_seen = self._logits_seen or top is not None
+                self._logits_seen = self._logits_seen or (top is not None and n_logits > 0)
                 out.append(None if top is None else top.tolist())
             else:
                 out.append(self._batch.logits(first, n_logits))
