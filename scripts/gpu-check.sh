@@ -486,7 +486,7 @@ T=$M/$T.gguf
 D=$M/$D.gguf
 identity exact "$T" "$D"
 # --- several requests at once through the batch engine (a server's slots), each against the target alone -------
-step batched "$([ "$MODE" = rehearse ] && echo 300 || echo 90)" "$PY" "$GPUPY/batched.py" "$RAW/batched.json" "$T" "$D" \
+step batched "$([ "$MODE" = rehearse ] && echo 300 || echo 150)" "$PY" "$GPUPY/batched.py" "$RAW/batched.json" "$T" "$D" \
   "$NB" $([ "$MODE" = rehearse ] && echo 1) > "$RAW/batched.log" 2> "$RAW/batched.err" || tail -5 "$RAW/batched.err"
 cat "$RAW/batched.log"
 "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
