@@ -35,7 +35,8 @@ import httpx
 
 from benchmarks import record
 from benchmarks.record import pair_files
-from benchmarks.serve_bench import CTX, MIXED, free_port, llama_server, one_request, wait_healthy
+from benchmarks.serve_bench import CTX, MIXED, free_port, llama_server, one_request
+from tests.server_fixtures import wait_healthy
 
 # (the mark, what ends there): each part runs from the previous mark to its own
 PARTS = [

@@ -47,7 +47,7 @@ from benchmarks import record
 from benchmarks.record import pair_files
 from specdec_cli.bench.external import target_kernels
 from specdec_cli.engine import kernels
-from tests.server_fixtures import live_server
+from tests.server_fixtures import live_server, wait_healthy
 
 # Prompts whose answers run past --max-tokens on both packaged targets, so that every request generates
 # exactly --max-tokens on every server: llama-server's default kernels give other texts than specdec's exact
@@ -280,22 +280,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_healthy(proc: subprocess.Popen[Any], base: str, seconds: float, what: str) -> None:
-    """Until `base`/health answers 200; RuntimeError naming `what` if the process exits or `seconds` pass."""
-    deadline = time.monotonic() + seconds
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not become ready in {seconds:g} s")
-        time.sleep(0.2)
 
 
 @contextlib.contextmanager

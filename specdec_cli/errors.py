@@ -98,6 +98,11 @@ class InternalError(SpecdecError):
     http_type = "server_error"
     http_code = None
 
+    @classmethod
+    def of(cls, exc: BaseException) -> InternalError:
+        """The bug `exc`, as the request or job that met it is told."""
+        return cls(f"internal error: {type(exc).__name__}: {exc}")
+
 
 def env_directory(variable: str, default: str | os.PathLike[str]) -> Path:
     """A directory named by an environment variable (or the default), refused if it is a file."""

@@ -11,8 +11,9 @@ import pytest
 from specdec_cli.api import Speculator
 from specdec_cli.engine import native
 from specdec_cli.engine.model import Model
-from specdec_cli.models import packaged
+from specdec_cli.models import loading, packaged
 from specdec_cli.models.loading import ModelChoice
+from tests.fakes import open_fake
 
 N_CTX = 1024
 # Threads for the models tests load: two (these machines' cores), fewer where other work keeps cores busy as the
@@ -72,6 +73,14 @@ def _no_user_files(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     """Tests never read the developer's own models.toml or hand-fetched models."""
     for name, value in user_dirs(tmp_path_factory.mktemp("user")).items():
         monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model file a test opens is tests/fakes.py's `FakeGGUF`; calibration (timings cached per file) stays
+    off. Modules of fake-model tests use it throughout: `pytestmark = pytest.mark.usefixtures("fake_models")`."""
+    monkeypatch.setattr(loading, "OPENER", open_fake)
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
 
 
 @pytest.fixture(scope="session")

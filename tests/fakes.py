@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
-from specdec_cli.engine.protocol import Rows, argmax_of_logits, chain_by_steps
+from specdec_cli.engine.protocol import Rows, argmax_of_logits, argmax_rows, chain_by_steps
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
 
@@ -272,8 +271,7 @@ class FakeGGUF(FakeModel):
             rows = self.decode(toks, len(toks), seq)[len(toks) - tail - n_logits : len(toks) - tail]
             if seq in greedy:
                 self.argmax_calls += 1
-                top = finite_argmax(rows)
-                out.append(None if top is None else top.tolist())
+                out.append(argmax_rows(rows))
             else:
                 out.append(rows)
             if self.hidden_on:

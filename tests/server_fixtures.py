@@ -46,6 +46,23 @@ class LiveServer:
         raise RuntimeError("no VmRSS")
 
 
+def wait_healthy(proc: subprocess.Popen[Any], base: str, seconds: float, what: str) -> None:
+    """Until `base`/health answers 200; RuntimeError naming `what` if the process exits or `seconds` pass (a
+    server under test here, llama-server or specdec in the benchmarks)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become ready in {seconds:g} s")
+        time.sleep(0.1)
+
+
 @contextmanager
 def live_server(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Iterator[LiveServer]:
     cmd = [sys.executable, "-m", "specdec_cli", "serve", "--port", "0", "--threads", str(THREADS), *args]
@@ -70,17 +87,11 @@ def live_server(*args: str, env: dict[str, str] | None = None, timeout: float = 
         proc.kill()
         raise RuntimeError("server did not start:\n" + "".join(lines))
     server = LiveServer(proc, port[0], lines)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("server never became healthy:\n" + "".join(lines))
-        time.sleep(0.1)
+    try:
+        wait_healthy(proc, server.url, 60, "server")
+    except RuntimeError as exc:
+        proc.kill()
+        raise RuntimeError(f"{exc}:\n" + "".join(lines)) from None
     try:
         yield server
     finally:

@@ -25,7 +25,6 @@ from specdec_cli.cli import app
 from specdec_cli.engine.batch import engine as engine_module
 from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.settings import GenerateOptions
-from specdec_cli.models import loading
 from specdec_cli.server.app import Server, ServerSettings
 from tests.fakes import FakeGGUF, open_fake
 from tests.server_fixtures import in_process
@@ -33,12 +32,7 @@ from tests.server_fixtures import in_process
 DRAFTERS = ["auto", "model", "ngram", "none"]
 PROMPTS = ["Name three rivers.", "Write a line about the sea.", "Say hello.", "Count to five."]
 
-
-@pytest.fixture(autouse=True)
-def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every model file this test opens is a fake; calibration (timings cached per file) stays off."""
-    monkeypatch.setattr(loading, "OPENER", open_fake)
-    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+pytestmark = pytest.mark.usefixtures("fake_models")  # every model file a fake (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import pytest
 from specdec_cli import api
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.settings import GenerateOptions
-from specdec_cli.models import loading
 from specdec_cli.server.app import Server, ServerSettings
 from specdec_cli.server.sse import PING, EventStream
 from tests.fakes import open_fake
@@ -30,11 +29,7 @@ from tests.server_fixtures import in_process
 
 PROMPTS = ["Name three rivers.", "Write a line about the sea.", "Say hello.", "Count to five."]
 
-
-@pytest.fixture(autouse=True)
-def fake_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loading, "OPENER", open_fake)
-    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+pytestmark = pytest.mark.usefixtures("fake_models")  # every model file a fake (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,8 @@ from specdec_cli.engine.native import (
     out_of_memory,
     usable_cores,
 )
-from specdec_cli.engine.protocol import Rows, argmax_of_logits, chain_by_steps
+from specdec_cli.engine.protocol import Rows, argmax_of_logits, argmax_rows, chain_by_steps
 from specdec_cli.engine.rpc import Placement
-from specdec_cli.engine.sampling import finite_argmax
 from specdec_cli.engine.vocab import Vocab, VocabMethods
 from specdec_cli.errors import ContextError, ModelFileError, RpcError, UnsupportedModelError, UsageError
 
@@ -300,9 +299,9 @@ class Model(VocabMethods, CacheMethods):
             if seq in graph:  # the graph's argmaxes; else numpy's, which sees a row that is not finite
                 out.append(a.tokens(n_logits, n_out - first - n_logits))  # type: ignore[union-attr]
             elif seq in greedy:
-                top = finite_argmax(self._batch.logits(first, n_logits))
+                top = argmax_rows(self._batch.logits(first, n_logits))
                 self._logits_seen = self._logits_seen or (top is not None and n_logits > 0)
-                out.append(None if top is None else top.tolist())
+                out.append(top)
             else:
                 out.append(self._batch.logits(first, n_logits))
             first += n_logits

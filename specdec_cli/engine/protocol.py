@@ -162,11 +162,16 @@ class ModelOpener(Protocol):
                  unified: bool = ..., placement: Placement | None = ..., exact: bool = ...) -> LoadedModel: ...  # fmt: skip
 
 
+def argmax_rows(rows: np.ndarray) -> list[int] | None:
+    """Each row's argmax as ints (greedy's tokens, numpy's way), None where a row is not finite."""
+    top = finite_argmax(rows)
+    return None if top is None else top.tolist()
+
+
 def argmax_of_logits(model: LanguageModel, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
     """`decode_argmax` as `decode` and numpy's argmax of the rows (a model with no faster way), None where a row
     is not finite."""
-    top = finite_argmax(model.decode(tokens, n_logits))
-    return None if top is None else top.tolist()
+    return argmax_rows(model.decode(tokens, n_logits))
 
 
 def chain_by_steps(model: LanguageModel, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:

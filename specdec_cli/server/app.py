@@ -30,7 +30,7 @@ from starlette.types import ASGIApp
 
 from specdec_cli.api import GenerateOptions, Speculator
 from specdec_cli.engine.settings import MODEL, InvalidSetting
-from specdec_cli.errors import SpecdecError
+from specdec_cli.errors import InternalError, SpecdecError
 from specdec_cli.server.access import CLIENT_GONE, Record
 from specdec_cli.server.http_errors import ApiError, BodyLimit, api_error
 from specdec_cli.server.metrics import Metrics
@@ -322,7 +322,7 @@ class Server:
                 except ApiError as exc:
                     response, record.error = exc.response(), exc.message
                 except Exception as exc:  # never a 500 with a traceback
-                    error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+                    error = api_error(InternalError.of(exc))
                     response, record.error = error.response(), error.message
                 if not record.stream:  # a stream is finished when it ends (EventStream)
                     self._finish(record, response.status_code)

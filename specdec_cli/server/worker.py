@@ -131,7 +131,7 @@ class Worker:
             except SpecdecError as exc:
                 job.emit(Failed(exc))
             except Exception as exc:  # never let one request take the worker down
-                job.emit(Failed(_internal(exc)))
+                job.emit(Failed(InternalError.of(exc)))
             finally:
                 if not handed_over:
                     self._ended(job)
@@ -192,7 +192,7 @@ class _Relay:
         job, n_tokens = self.job, self.n_tokens
         try:
             if error is not None:
-                job.emit(Failed(error if isinstance(error, SpecdecError) else _internal(error)))
+                job.emit(Failed(error if isinstance(error, SpecdecError) else InternalError.of(error)))
                 return
             gen = self.run.generation
             rest = self.stops.flush()
@@ -207,11 +207,7 @@ class _Relay:
             finish = "stop" if self.stops.stopped or gen.stop_reason == "eos" else "length"
             job.emit(Done(gen, self.run.stats, self.stops.released, finish, n_completion, self.run.n_cached))
         except Exception as exc:  # noqa: BLE001 - the request gets an error; the relaying thread goes on
-            job.emit(Failed(_internal(exc)))
+            job.emit(Failed(InternalError.of(exc)))
         finally:
             if self.run.batched:
                 self.worker._ended(job)
-
-
-def _internal(exc: BaseException) -> InternalError:
-    return InternalError(f"internal error: {type(exc).__name__}: {exc}")

@@ -139,7 +139,7 @@ class BatchEngine:
             except Exception as exc:  # a bug: fail every job in the batch, keep serving
                 for slot in self.slots:
                     if slot.job is not None:
-                        self._finish(slot, error=InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+                        self._finish(slot, error=InternalError.of(exc))
         for slot in self.slots:
             if slot.job is not None:
                 slot.job.result.stop_reason = "interrupted"
