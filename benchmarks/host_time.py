@@ -1,13 +1,14 @@
 """What specdec's loop costs outside llama.cpp: host time per step, beside llama.cpp's own programs.
 
     .venv/bin/python -m benchmarks.host_time [--pair NAME | --target T.gguf --draft D.gguf] [-n 128] [--repeats 3]
-        [--llama-cpp-bin DIR]
+        [--llama-cpp-bin DIR] [--numpy-too]
 
 For the pair (default: the embedded default), greedy: the target alone (one-token steps), the draft model
 at a fixed K of 4, and the auto drafter (which plans every step, drafting or not), the same prompts, in
-alternating order. Host time is the run's wall time (prompt included)
-less the seconds inside `llama_decode` (both models, prompt included), over the steps: everything Python does
-between two decodes, the argmaxes, the cache bookkeeping, the events and stats. The parts the stats name
+alternating order; with `--numpy-too`, each also on numpy's path (Python between every two decodes, as without
+patch 0006's calls: engine/greedy.py), alternating with it, and the tokens/s ratio of the two. Host time is the
+run's wall time (prompt included) less the seconds inside `llama_decode` (both models, prompt included), over
+the steps: everything done between two decodes, the argmaxes, the cache bookkeeping, the events and stats. The parts the stats name
 (sampling: the drafts' and the verification's maths; other: the rest of a step) are shown beside it. With
 `--llama-cpp-bin`, `llama-speculative-simple` runs the same pair and K with the same kernels and GPU layers
 (`bench.external.target_kernels`), and `llama-bench -n N` gives llama.cpp's single-stream tokens/s, so each
@@ -36,6 +37,7 @@ PROMPTS = [
     "Describe a walk through a busy market in the morning.",
     "List ten ideas for a science fair project and explain each one.",
 ]
+NUMPY = " (numpy's path)"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
 CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
            "auto": {"drafter": "auto"}}
 
@@ -53,11 +55,12 @@ def one_run(spec: api.Speculator, prompt: str, n: int, config: dict[str, Any]) -
 
 # What a model:4 step runs outside llama_decode, part by part (docs/design.md#host-time): each a method timed by a
 # wrapper, less the time its model spent inside llama_decode meanwhile. Inclusive: `verify` holds the target's
-# rollback and `_emit`; the draft's `_fresh` its common prefix and rollback.
+# rollback and `_emit`; the draft's `_fresh` its common prefix and rollback; `argmax_chain` the draft's catch-up
+# decode and its K tokens (one call into llama.cpp, engine/greedy.py).
 PARTS = {
     "draft: catch up (common prefix, rollback)": ("specdec_cli.engine.drafters.model", "ModelDrafter", "_fresh"),
-    "draft: its K tokens (argmax_chain)": ("specdec_cli.engine.model", "Model", "argmax_chain"),
-    "a decode's own Python (draft catch-up, target batch)": ("specdec_cli.engine.model", "Model", "decode_argmax"),
+    "draft: its catch-up decode and K tokens (argmax_chain)": ("specdec_cli.engine.model", "Model", "argmax_chain"),
+    "target: the batch's decode and argmaxes (decode_argmax)": ("specdec_cli.engine.model", "Model", "decode_argmax"),
     "verification (argmax compare, rollback, emit, the step's record)": ("specdec_cli.engine.speculative",
                                                                          "SpeculativeGenerator", "verify"),
     "emitted tokens' text": ("specdec_cli.engine.speculative", "SpeculativeGenerator", "_emit"),
@@ -129,32 +132,47 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-bench and llama-speculative-simple")
+    ap.add_argument("--numpy-too", action="store_true",
+                    help="each configuration also on numpy's path (no patch 0006 calls), alternating with it")
     record.add_option(ap)
     args = ap.parse_args()
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
+    paths = ["", NUMPY] if args.numpy_too else [""]
+    runs: dict[str, list[dict[str, float]]] = {name + path: [] for name in CONFIGS for path in paths}
     with api.load(args.target or args.pair, args.draft, n_threads=args.threads, drafter="model") as spec:
         spec.remember = False
         spec.generate(PROMPTS[0], max_tokens=16)  # warm-up: first decodes, threads started
+        native = {m: m._native for m in (spec.target, spec.draft) if m is not None}
         for rep in range(args.repeats):
             for prompt in PROMPTS:
                 order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
                 for name in order:
-                    runs[name].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                    for path in paths if rep % 2 == 0 else paths[::-1]:
+                        for m, calls in native.items():
+                            m._native = None if path else calls
+                        runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+        for m, calls in native.items():
+            m._native = calls
         profile = parts(spec, args.n)
         external = llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads) if args.llama_cpp_bin else {}
         files = {"target": spec.choice.target, "draft": spec.choice.draft}
     summary = {name: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]} for name, rs in runs.items()}
+    ratios = {name: round(statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
+                                            for a, b in zip(runs[name], runs[name + NUMPY], strict=True)), 3)
+              for name in CONFIGS if name + NUMPY in runs}  # fmt: skip
     for name, s in summary.items():
         print(f"{name:14s} host {s['host_ms_per_step']:.3f} ms/step (sampling {s['sampling_ms_per_step']:.3f}, "
               f"other {s['other_ms_per_step']:.3f}; decode {s['decode_ms_per_step']:.2f})  "
               f"{s['tokens_per_second']:.1f} tokens/s")  # fmt: skip
+    for name, ratio in ratios.items():
+        print(f"{name}: tokens/s on patch 0006's calls / on numpy's path, median of pairs run side by side: {ratio:.3f}")
     for name, value in external.items():
         print(f"{name}: {value:.1f}")
     for label, us in profile["us_per_step"].items():
         print(f"model:4 part: {label}: {us:.1f} us/step")
     record.save(args, "host-time", threads=args.threads, models=files,
                 data={"settings": {"n": args.n, "repeats": args.repeats, "prompts": PROMPTS, "configs": CONFIGS},
-                      "medians": summary, "llama_cpp": external, "parts": profile, "runs": runs})  # fmt: skip
+                      "medians": summary, "native_over_numpy": ratios, "llama_cpp": external, "parts": profile,
+                      "runs": runs})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -345,6 +345,9 @@ def host_time(name: str, base: str = "results/") -> str:
             for label, m in data["medians"].items()]  # fmt: skip
     out = table(["greedy", "host per step", "drafting and verification maths", "the rest", "inside llama_decode",
                  "tokens/s"], rows)  # fmt: skip
+    if data.get("native_over_numpy"):
+        out += "\n\n" + table(["greedy", "tokens/s, patch 0006's calls / numpy's path (median of pairs)"],
+                              [[k, f"{v:.3f}x"] for k, v in data["native_over_numpy"].items()])  # fmt: skip
     if data.get("llama_cpp"):
         out += "\n\n" + table(["llama.cpp, same model and kernels", "tokens/s"],
                               [[k, f1(v)] for k, v in data["llama_cpp"].items()])  # fmt: skip

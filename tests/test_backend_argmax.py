@@ -116,7 +116,6 @@ def test_a_context_that_refuses_the_sampler_is_asked_once() -> None:
         llama_sampler_chain_add=lambda _c, _s: None, llama_sampler_free=lambda _c: None,
         llama_set_sampler=lambda _ctx, _seq, chain: asked.append(chain) or False)  # fmt: skip
     a = BackendArgmax(C, ctx=None)
-    assert a.chain_fn is None  # not specdec's build: no patch 0006 loop
     assert not a.attach() and not a.attach() and not a.on
     assert len(asked) == 1 and a.refused
 

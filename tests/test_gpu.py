@@ -249,7 +249,7 @@ def test_each_model_sets_the_cuda_switch_for_its_own_decodes(smol_path: Path, mo
         ids = model.tokenize(" and", add_special=False, parse_special=False)
         model.decode_argmax(ids)
         model.decode_argmax(model.tokenize(" so", add_special=False, parse_special=False))  # the graph's argmax on
-        assert model._argmax is not None and model._argmax.on and model._argmax.chain_fn is not None
+        assert model._argmax is not None and model._argmax.on and model._native is not None
         switch.value = True
         model.argmax_chain([ids[0]], 2, frozenset())
         assert switch.value is False

@@ -9,11 +9,12 @@ are then not copied at all. The argmax is the same reduction on the same logits 
 token is the one numpy's argmax gives, and the target alone and the verification take the same path.
 
 Where it pays: where the logits are on a GPU (`in_graph`). On a CPU the logits are already in host memory and
-numpy's vectorised argmax is cheaper than llama.cpp's: its graph pads the logits with a zero row element by
+a vectorised argmax over them is cheaper than llama.cpp's: its graph pads the logits with a zero row element by
 element and its CPU argmax is a scalar loop, and an A/B in one process (`specdec run`-shaped generations,
 the packaged pair, greedy) gave numpy's path the higher tokens per second, alone and with a draft model, even
 though the time outside `llama_decode` (host time) reads lower with the graph's: the work moves into the
-decode, it does not go away. So on a CPU greedy tokens are numpy's (tests turn the graph's on: `IN_GRAPH`).
+decode, it does not go away. So on a CPU greedy tokens are the host's (engine/greedy.py; tests turn the
+graph's on: `IN_GRAPH`).
 
 Attached per sequence, only for greedy decoding, and only once the model's logits were seen finite
 (`Model.decode_argmax` and `Model.decode_many` check their first reads with numpy): in-graph, a NaN row would
@@ -26,11 +27,9 @@ sampler whose sequence is not in a batch still takes an argmax (of a dummy row):
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection
 from typing import Any
 
-Chain = Callable[..., int]  # llama_specdec_argmax_chain, patch 0006
 IN_GRAPH: bool | None = None  # None: where the logits are on a GPU (`in_graph`); tests set True to run it on a CPU
 
 
@@ -40,29 +39,11 @@ def in_graph(C: Any, model: Any, n_gpu_layers: int) -> bool:  # noqa: N803
     return IN_GRAPH if IN_GRAPH is not None else n_gpu_layers > int(C.llama_model_n_layer(model))
 
 
-def chain_function(C: Any) -> Chain | None:  # noqa: N803
-    """patches/llama.cpp/0006's greedy draft loop in C, or None where the library lacks it (not specdec's build)."""
-    try:
-        f = C._lib.llama_specdec_argmax_chain
-    except AttributeError:
-        return None
-    i32, p32 = ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)
-    f.argtypes = [ctypes.c_void_p, C.llama_batch, i32, i32, i32, p32, i32, p32, p32]
-    f.restype = i32
-    return f
-
-
 class BackendArgmax:
     """Greedy sampler chains of `ctx`'s sequences, attached on demand; `free` after the context is freed."""
 
-    NO_TOKEN = -100  # the chain's status where a decode gave no sampled token
-
     def __init__(self, C: Any, ctx: Any) -> None:  # noqa: N803
         self._C, self._ctx = C, ctx
-        self.chain_fn = chain_function(C)
-        self._out = (ctypes.c_int32 * 65)()
-        self._status = ctypes.c_int32(0)
-        self._stop: tuple[frozenset[int], Any] | None = None
         self.refused = False  # llama.cpp would not attach it: the numpy path for good
         self.chains: dict[int, Any] = {}  # attached now, by sequence
         self._retired: list[Any] = []  # detached, freed once a decode has rebuilt the graph without them
@@ -115,19 +96,6 @@ class BackendArgmax:
             for chain in self._retired:
                 self._C.llama_sampler_free(chain)
             self._retired.clear()
-
-    def run_chain(self, batch: Any, first: int, pos: int, k: int, stop: frozenset[int]) -> tuple[list[int], int]:
-        """Decode `first` at `pos` and each sampled token after it, in C, until `k` tokens or a stop token: the
-        tokens written and the status (0, llama_decode's failure, or NO_TOKEN)."""
-        assert self.chain_fn is not None
-        if len(self._out) < k:
-            self._out = (ctypes.c_int32 * k)()
-        if self._stop is None or self._stop[0] is not stop:  # a generation's stop set: one array for its steps
-            ids: Sequence[int] = sorted(stop)
-            self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
-        n = self.chain_fn(self._ctx, batch, first, pos, k, self._stop[1], len(stop), self._out,
-                          ctypes.byref(self._status))  # fmt: skip
-        return self._out[:n], self._status.value
 
     def tokens(self, n: int, end: int = 0) -> list[int]:
         """The last decode's `n` output rows' tokens that end `end` rows before its last one, in order."""

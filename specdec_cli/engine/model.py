@@ -2,8 +2,9 @@
 
 Speculative decoding needs little from a model: tokenize, detokenize, decode a batch with logits at chosen
 rows (numpy *views*) or their argmaxes, and roll the cache back. `Model` does that and tracks what its cache
-holds, so callers reuse a common prefix. Its helpers engine/llama_batch.py, engine/backend_argmax.py and
-engine/vocab.py call the bindings for it; the process-wide side is engine/native.py, the kernels engine/kernels.py.
+holds, so callers reuse a common prefix. Its helpers engine/llama_batch.py, engine/backend_argmax.py,
+engine/greedy.py and engine/vocab.py call the bindings for it; the process-wide side is engine/native.py, the
+kernels engine/kernels.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from specdec_cli.engine import kernels
 from specdec_cli.engine.backend_argmax import BackendArgmax, in_graph
 from specdec_cli.engine.gguf import ModelInfo, check_context_fits, check_gguf_file, model_info
+from specdec_cli.engine.greedy import NO_TOKEN, GreedyMethods, NativeGreedy
 from specdec_cli.engine.kv_cache import CacheMethods
 from specdec_cli.engine.llama_batch import LlamaBatch, Part, part_seqs
 from specdec_cli.engine.native import (
@@ -32,7 +34,7 @@ from specdec_cli.engine.native import (
     out_of_memory,
     usable_cores,
 )
-from specdec_cli.engine.protocol import Rows, argmax_of_logits, argmax_rows, chain_by_steps
+from specdec_cli.engine.protocol import Rows, argmax_rows
 from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.vocab import Vocab, VocabMethods
 from specdec_cli.errors import ContextError, ModelFileError, RpcError, UnsupportedModelError, UsageError
@@ -40,7 +42,7 @@ from specdec_cli.errors import ContextError, ModelFileError, RpcError, Unsupport
 _NO_ROWS = np.empty((0, 0), dtype=np.float32)  # `_decode(view=False)`: the logits are not read
 
 
-class Model(VocabMethods, CacheMethods):
+class Model(VocabMethods, CacheMethods, GreedyMethods):
     """One GGUF model and (unless `vocab_only`) one llama.cpp context for it. With `n_seq` = 1 the cache is one
     sequence and `tokens` lists what it holds. With `n_seq` > 1 (continuous batching, engine/batch/) it holds
     `n_seq` sequences of `n_ctx` tokens, each in its own KV stream (llama.cpp's non-unified cache) unless
@@ -179,6 +181,8 @@ class Model(VocabMethods, CacheMethods):
         # greedy tokens computed in the graph (`decode_argmax`, `decode_many`) where that pays: backend_argmax.py
         self._argmax = BackendArgmax(C, ctx) if self.placement is None and in_graph(C, model, self.n_gpu_layers) else None
         self._logits_seen = False  # numpy saw this context's logits finite (the in-graph argmax cannot)
+        # a greedy decode and its argmaxes, or a greedy draft's decodes, in one call (engine/greedy.py)
+        self._native = NativeGreedy.of(C, ctx) if self.placement is None else None
 
     # ------------------------------------------------------------------ info
     @property
@@ -212,38 +216,6 @@ class Model(VocabMethods, CacheMethods):
         if self._argmax is not None and seq in self._argmax.chains:
             self._argmax.detach(seq)  # raw logits again (a sampled run after greedy ones)
         return self._decode(tokens, n_logits, seq)
-
-    def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
-        """As `decode` (sequence 0), but each of the last `n_logits` rows' argmax: in the graph once the logits were
-        seen finite (engine/backend_argmax.py), else numpy's; None: a row not finite (the numpy path sees it)."""
-        a = self._argmax
-        if a is None or self.hidden_on or not (a.on or (self._logits_seen and a.attach())):
-            top = argmax_of_logits(self, tokens, n_logits)
-            self._logits_seen = self._logits_seen or top is not None
-            return top
-        self._decode(tokens, n_logits, 0, view=False)
-        return a.tokens(n_logits)
-
-    def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
-        """Greedy drafting: decode `tokens` (sequence 0), take the argmax, decode it, and so on until `k` tokens or
-        one in `stop` (the last one is not decoded). None: a row not finite (`decode_argmax`). Once the argmax runs
-        in the graph, a one-token start runs the whole chain in one call into llama.cpp (patch 0006): between
-        two of a draft's decodes no Python runs, the most of a draft model's host time (docs/design.md#host-time)."""
-        a, held = self._argmax, self.seq_tokens[0]
-        if a is None or not a.on or a.chain_fn is None or len(tokens) != 1:
-            return chain_by_steps(self, tokens, k, stop)
-        self._check_room(0, 1)
-        self._switch_kernels()
-        t0 = time.perf_counter()
-        out, status = a.run_chain(self._batch.handle, tokens[0], len(held), min(k, self.n_ctx - len(held)), stop)
-        self.decode_seconds += time.perf_counter() - t0
-        self.pending_moves.clear()
-        done = [tokens[0], *out][: len(out)]  # decoded: the start and every token written but the last
-        held.extend(done)
-        self.decoded_tokens += len(done)
-        if status != 0:
-            self._failed(status, (0,))
-        return out
 
     def _decode(self, tokens: Sequence[int], n_logits: int, seq: int, view: bool = True) -> np.ndarray:
         """`decode`; `view` False: no logits view made (nobody reads them), an empty array returned."""
@@ -336,8 +308,7 @@ class Model(VocabMethods, CacheMethods):
             self._cuda_switch.value = self.kernels == kernels.GPU
 
     def _failed(self, ret: int, seqs: tuple[int, ...]) -> None:
-        if ret == BackendArgmax.NO_TOKEN:  # that decode went in, its token did not come out: forget the cell
-            self._C.llama_memory_seq_rm(self._mem, seqs[0], len(self.seq_tokens[seqs[0]]), -1)
+        if ret == NO_TOKEN:  # engine/greedy.py's calls: that decode went in, its token did not come out
             raise RuntimeError(f"llama.cpp sampled no token after {self.path.name}'s decode (backend sampling)")
         # llama_decode leaves the cache as it was for a failed ubatch; resynchronise our view of it.
         for seq in seqs:

@@ -62,7 +62,7 @@ class ModelDrafter:
         # a draft is only a proposal, so a shorter history costs acceptance, never correctness.
         self.window = window
         self.offset = 0  # the cache holds context[offset:]
-        self.last_catch_up = (0, 0.0)  # (tokens, seconds) evaluated by the last catch-up
+        self.last_catch_up = (0, 0.0)  # (tokens, seconds) of the last catch-up (greedy, 1-2 tokens: its chain's)
 
     def decode_seconds(self) -> float:
         return self.model.decode_seconds
@@ -121,18 +121,23 @@ class ModelDrafter:
         return Proposal(drafted, dists, req.k, MODEL)
 
     def _propose_greedy(self, req: DraftRequest) -> Proposal:
-        """Greedy, no p_min: each draft token is the draft's argmax, which the model computes the cheapest way it
-        has (`decode_argmax`, `argmax_chain`: on a GPU in llama.cpp's graph, nothing read back, the K tokens in one
-        call; on a CPU numpy's, engine/backend_argmax.py)."""
+        """Greedy, no p_min: each draft token is the draft's argmax, and the catch-up and the K tokens are one
+        `argmax_chain` (engine/greedy.py: one call into llama.cpp, each token the graph's argmax on a GPU, the
+        loop's own of the logits on a CPU). A catch-up of more than two tokens (after a pause) is decoded on its
+        own first, so that auto's costs keep a batch's time apart from drafting's (`last_catch_up`)."""
         fresh = self._fresh(req.context)
         if fresh is None:
             return Proposal(k=req.k, source=MODEL)
         t0 = self.model.decode_seconds
-        drafted = self.model.decode_argmax(fresh)
-        self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
-        if drafted is not None and req.k > 1 and drafted[0] not in req.stop_ids:
-            rest = self.model.argmax_chain(drafted, req.k - 1, req.stop_ids)
-            drafted = None if rest is None else drafted + rest
+        if len(fresh) <= 2:
+            drafted = self.model.argmax_chain(fresh, req.k, req.stop_ids)
+            self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)  # the whole chain's time
+        else:
+            drafted = self.model.decode_argmax(fresh)
+            self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
+            if drafted is not None and req.k > 1 and drafted[0] not in req.stop_ids:
+                rest = self.model.argmax_chain(drafted, req.k - 1, req.stop_ids)
+                drafted = None if rest is None else drafted + rest
         if drafted is None:
             raise non_finite(self.model)
         return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, MODEL)

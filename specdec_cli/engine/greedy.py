@@ -1,0 +1,202 @@
+"""A model's greedy tokens, each the cheapest way there is: `GreedyMethods`, a mixin of `engine.model.Model`.
+
+Greedy decoding needs one number per row of logits, its argmax. Where it is computed: in llama.cpp's graph, by a
+greedy backend sampler, where the logits are on a GPU (engine/backend_argmax.py); else on the host, over the
+logits in host memory. Either way, a step's decode and its argmaxes are one call into llama.cpp (patches/llama.cpp/
+0006): `llama_specdec_decode_argmax` decodes a batch and writes its output rows' greedy tokens, and
+`llama_specdec_argmax_chain` runs a greedy draft's catch-up and K tokens, one decode each, until K tokens or a
+stop token. Between two decodes Python costs tens of microseconds of host time, most of it in cold caches (the
+decode has just swept the weights through them): the batch written, the call, the logits row found and reduced,
+the bookkeeping (docs/design.md#host-time). In C that is a few stores and a vectorised argmax, the one numpy's
+path takes: the first maximum, and a row with a NaN anywhere, or an infinite maximum, gives no token.
+
+Where the library lacks the calls (not specdec's build), numpy's argmax over the logits, one decode at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from specdec_cli.engine.backend_argmax import BackendArgmax
+from specdec_cli.engine.llama_batch import LlamaBatch
+from specdec_cli.engine.protocol import LanguageModel, argmax_rows, chain_by_steps
+
+NO_TOKEN = -100  # a row gave no sampled token (backend sampling)
+NOT_FINITE = -101  # a row of logits held a NaN or an infinite maximum
+
+
+def argmax_function(C: Any) -> Any | None:  # noqa: N803
+    """`llama_specdec_argmax(x, n)`: the first maximum of n floats, -1 where one is a NaN or the maximum is
+    infinite (tests compare it with numpy's), or None where the library lacks it."""
+    f = getattr(C._lib, "llama_specdec_argmax", None)
+    if f is not None:
+        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32
+    return f
+
+
+class NativeGreedy:
+    """The patch's two calls for one context, with their buffers: the tokens in, the stop set, the tokens out."""
+
+    @staticmethod
+    def of(C: Any, ctx: Any) -> NativeGreedy | None:  # noqa: N803
+        """None where the library lacks the calls: not specdec's build, or one from before they took catch-up
+        tokens and their own argmax (other signatures: a call through these would write past its arguments)."""
+        lib = C._lib
+        if not all(hasattr(lib, f"llama_specdec_{name}") for name in ("argmax", "decode_argmax", "argmax_chain")):
+            return None
+        return NativeGreedy(C, ctx)
+
+    def __init__(self, C: Any, ctx: Any) -> None:  # noqa: N803
+        i32, p32, b = ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_bool
+        self._decode_fn, self._chain_fn = C._lib.llama_specdec_decode_argmax, C._lib.llama_specdec_argmax_chain
+        pd = ctypes.POINTER(ctypes.c_double)
+        self._decode_fn.argtypes = [ctypes.c_void_p, C.llama_batch, p32, i32, i32, i32, b, p32, pd]
+        self._chain_fn.argtypes = [ctypes.c_void_p, C.llama_batch, p32, i32, i32, i32, b, p32, i32, p32, p32, pd]
+        self._decode_fn.restype = self._chain_fn.restype = i32
+        self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
+        self._in = (ctypes.c_int32 * 8)()
+        self._out = (ctypes.c_int32 * 65)()
+        self._status = ctypes.c_int32(0)
+        self._stop: tuple[frozenset[int], Any] | None = None
+        self._seconds = ctypes.c_double(0.0)  # in llama_decode, over every call: `decode_seconds`
+
+    @property
+    def decode_seconds(self) -> float:
+        """Seconds inside llama_decode during these calls, so far: what the calls spend besides (the argmaxes, the
+        loop) is host time, as numpy's would be."""
+        return self._seconds.value
+
+    def _buffers(self, tokens: Sequence[int], n_out: int) -> None:
+        if len(self._in) < len(tokens):
+            self._in = (ctypes.c_int32 * len(tokens))()
+        self._in[: len(tokens)] = list(tokens)
+        if len(self._out) < n_out:
+            self._out = (ctypes.c_int32 * n_out)()
+
+    def decode(self, batch: LlamaBatch, tokens: Sequence[int], pos: int, n_out: int, sampled: bool) -> tuple[list[int], int]:
+        """Decode `tokens` (sequence 0) from `pos`, and take the greedy tokens of the last `n_out` rows (`sampled`:
+        the attached backend sampler's). Returns them and the status: 0, llama_decode's failure (nothing went
+        in), NO_TOKEN or NOT_FINITE (the decode went in, no tokens)."""
+        self._buffers(tokens, n_out)
+        status = self._decode_fn(self._ctx, batch.handle, self._in, len(tokens), pos, n_out, sampled, self._out,
+                                 ctypes.byref(self._seconds))
+        batch.claimed(len(tokens))
+        return (self._out[:n_out] if status == 0 else []), status
+
+    def chain(
+        self, batch: LlamaBatch, first: Sequence[int], held: list[int], k: int, sampled: bool, stop: frozenset[int]
+    ) -> tuple[list[int], int]:
+        """Decode `first` (sequence 0) after the `held` tokens the cache holds, then each token taken after it,
+        until `k` tokens or a stop token. Returns the tokens written and the status (`decode`'s), and extends
+        `held` with what was decoded and kept: `first` and every token written but the last. A decode whose token
+        did not come out (NO_TOKEN, NOT_FINITE) is not kept: its cells are removed, as numpy's path would not
+        have decoded on."""
+        self._buffers(first, k)
+        if self._stop is None or self._stop[0] is not stop:  # a generation's stop set: one array for its steps
+            ids: Sequence[int] = sorted(stop)
+            self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
+        n = self._chain_fn(self._ctx, batch.handle, self._in, len(first), len(held), k, sampled, self._stop[1],
+                           len(stop), self._out, ctypes.byref(self._status), ctypes.byref(self._seconds))  # fmt: skip
+        batch.claimed(len(first))
+        out = self._out[:n]
+        held.extend([*first, *out][: len(first) + n - 1] if n else ())
+        status = self._status.value
+        if status in (NO_TOKEN, NOT_FINITE):
+            self._C.llama_memory_seq_rm(self._mem, 0, len(held), -1)
+        return out, status
+
+
+class GreedyMethods:
+    """The greedy paths of `engine.model.Model` (a mixin: the context, the batch and the decodes are the model's)."""
+
+    _argmax: BackendArgmax | None
+    _native: NativeGreedy | None
+    _batch: LlamaBatch
+    _logits_seen: bool
+    hidden_on: bool
+    n_batch: int
+    n_ctx: int
+    seq_tokens: list[list[int]]
+    pending_moves: set[int]
+    decode_seconds: float
+    decoded_tokens: int
+
+    if TYPE_CHECKING:  # the model's
+
+        def _decode(self, tokens: Sequence[int], n_logits: int, seq: int, view: bool = True) -> Any: ...
+
+        def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> Any: ...
+
+        def _context(self) -> Any: ...
+
+        def _check_room(self, seq: int, n: int) -> None: ...
+
+        def _switch_kernels(self) -> None: ...
+
+        def _failed(self, ret: int, seqs: tuple[int, ...]) -> None: ...
+
+    def _sampled(self) -> bool:
+        """Sequence 0's greedy tokens are the graph's: a sampler attached, or attached now, the logits having been
+        seen finite (engine/backend_argmax.py)."""
+        a = self._argmax
+        return a is not None and not self.hidden_on and (a.on or (self._logits_seen and a.attach()))
+
+    def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
+        """As `decode` (sequence 0), but each of the last `n_logits` rows' argmax: the decode and the argmaxes in
+        one call (`NativeGreedy.decode`), the graph's where `_sampled`, else the call's own; numpy's where there
+        is no such call or every row is an output (hidden states on). None: a row not finite."""
+        n, a, g, held = len(tokens), self._argmax, self._native, self.seq_tokens[0]
+        sampled = self._sampled()
+        if g is None or self.hidden_on or not 0 < n_logits <= n <= self.n_batch:
+            if not sampled:
+                top = argmax_rows(self.decode(tokens, n_logits))
+                self._logits_seen = self._logits_seen or top is not None
+                return top
+            self._decode(tokens, n_logits, 0, view=False)
+            return a.tokens(n_logits)  # type: ignore[union-attr]
+        self._context()  # a closed model raises here, before its freed context reaches C
+        self._check_room(0, n)
+        self._switch_kernels()
+        t0 = g.decode_seconds
+        out, status = g.decode(self._batch, tokens, len(held), n_logits, sampled)
+        self.decode_seconds += g.decode_seconds - t0
+        self.pending_moves.clear()
+        if status not in (0, NO_TOKEN, NOT_FINITE):
+            self._failed(status, (0,))  # nothing went in
+        held.extend(tokens)
+        self.decoded_tokens += n
+        if a is not None:
+            a.decoded()
+        if status == NO_TOKEN:
+            self._failed(status, (0,))
+        if status == NOT_FINITE:
+            return None
+        self._logits_seen = True  # the call's argmax checked them, or the graph's took over from numpy's
+        return out
+
+    def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
+        """Greedy drafting: decode `tokens` (sequence 0), take the argmax, decode it, and so on until `k` tokens or
+        one in `stop` (the last one is not decoded). None: a row not finite (`decode_argmax`). In one call into
+        llama.cpp: no Python between a draft's decodes (`NativeGreedy.chain`, docs/design.md#host-time)."""
+        n, a, g, held = len(tokens), self._argmax, self._native, self.seq_tokens[0]
+        if g is None or self.hidden_on or not 0 < n <= self.n_batch or k < 1:
+            return chain_by_steps(cast(LanguageModel, self), tokens, k, stop)
+        self._context()
+        self._check_room(0, n)
+        sampled = self._sampled()
+        self._switch_kernels()
+        t0, n_held = g.decode_seconds, len(held)
+        out, status = g.chain(self._batch, tokens, held, min(k, self.n_ctx - n_held - n + 1), sampled, stop)
+        self.decode_seconds += g.decode_seconds - t0
+        self.pending_moves.clear()
+        self.decoded_tokens += len(held) - n_held
+        if a is not None and (out or status in (NO_TOKEN, NOT_FINITE)):
+            a.decoded()  # a decode went in
+        if status == NOT_FINITE:
+            return None
+        if status != 0:
+            self._failed(status, (0,))
+        self._logits_seen = True
+        return out

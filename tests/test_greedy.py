@@ -1,0 +1,129 @@
+"""Greedy tokens in one call into llama.cpp (engine/greedy.py, patch 0006): the call's argmax is numpy's (the first
+maximum; a NaN or an infinite maximum no token), a decode's tokens are numpy's argmaxes of its logits, a draft's
+chain is the same chain taken one decode at a time from Python, and a row that is not finite leaves the cache as
+numpy's path would."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specdec_cli.engine import greedy
+from specdec_cli.engine.model import Model
+from specdec_cli.engine.native import bindings
+from specdec_cli.engine.protocol import chain_by_steps
+from specdec_cli.errors import UsageError
+from tests.conftest import THREADS
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where"
+
+
+def test_the_loops_argmax_is_numpys_first_maximum_or_none() -> None:
+    """Random rows of every length around the vector widths, with ties, NaNs, infinities and rows of -inf."""
+    f = greedy.argmax_function(bindings())
+    assert f is not None  # specdec's build
+    rng = np.random.default_rng(7)
+    for trial in range(3000):
+        n = 49152 if trial % 10 == 0 else int(rng.integers(1, 100))
+        x = rng.standard_normal(n).astype(np.float32)
+        if trial % 3 == 0:
+            x[rng.integers(0, n, size=2)] = x.max()  # a tie: the first one wins
+        if trial % 7 == 0:
+            x[rng.integers(0, n)] = np.nan
+        if trial % 11 == 0:
+            x[rng.integers(0, n)] = np.inf
+        if trial % 13 == 0:
+            x[rng.integers(0, n)] = -np.inf
+        if trial % 29 == 0:
+            x[:] = -np.inf
+        top = int(np.argmax(x))  # numpy's: the first maximum, or the first NaN
+        want = top if math.isfinite(x[top]) else -1
+        assert f(x.ctypes.data, n) == want, (trial, n)
+    assert f(np.zeros(1, np.float32).ctypes.data, 0) == -1
+
+
+def test_a_library_without_the_calls_or_with_their_first_form_has_none() -> None:
+    """Not specdec's build, or one from before the chain took catch-up tokens and its own argmax (another
+    signature: a call through this one's would write past its arguments)."""
+    from types import SimpleNamespace
+
+    for lib in (SimpleNamespace(), SimpleNamespace(llama_specdec_argmax_chain=object())):
+        assert greedy.NativeGreedy.of(SimpleNamespace(_lib=lib), ctx=None) is None
+
+
+@pytest.mark.parametrize("n_logits", [1, 3])
+def test_a_decodes_tokens_are_numpys_argmaxes_of_its_logits(smol_path: Path, n_logits: int) -> None:
+    with Model(smol_path, n_ctx=512, n_threads=THREADS) as a, Model(smol_path, n_ctx=512, n_threads=THREADS) as b:
+        assert a._native is not None and a._argmax is None  # a CPU: the call's own argmax
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+        for part in (ids[:7], ids[7:12], ids[12:13]):
+            k = min(n_logits, len(part))
+            d0, t0 = a.decode_seconds, time.perf_counter()
+            top = a.decode_argmax(part, k)
+            assert 0 < a.decode_seconds - d0 < time.perf_counter() - t0  # llama_decode's share of the call, timed in C
+            assert top == np.argmax(b.decode(part, k), axis=-1).tolist()
+        assert a.tokens == b.tokens == ids[:13]
+        a.close()
+        with pytest.raises(UsageError, match="closed"):  # not its freed context handed to C
+            a.decode_argmax(ids[13:14])
+
+
+@pytest.mark.parametrize("first_len", [1, 2, 5])
+def test_the_chain_is_the_same_chain_taken_decode_by_decode(smol_path: Path, first_len: int) -> None:
+    """Catch-up tokens first, then K tokens, stopping at a stop token; the tokens, the cache's contents and the
+    next decode's logits are those of Python's loop (numpy's argmax, one decode at a time)."""
+    with Model(smol_path, n_ctx=512, n_threads=THREADS) as a, Model(smol_path, n_ctx=512, n_threads=THREADS) as b:
+        assert a._native is not None
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+        a.decode(ids[:-first_len])
+        b.decode(ids[:-first_len])
+        got = a.argmax_chain(ids[-first_len:], 6, frozenset())
+        want = chain_by_steps(b, ids[-first_len:], 6, frozenset())
+        assert got == want and got is not None and len(got) == 6
+        assert a.tokens == b.tokens == ids + got[:-1]  # the last token taken is not decoded
+        assert int(a._C.llama_memory_seq_pos_max(a._mem, 0)) == len(a.tokens) - 1
+        stop = frozenset({got[2]})
+        a.rollback(len(ids) - first_len)
+        assert a.argmax_chain(ids[-first_len:], 6, stop) == got[:3]  # the stop token ends it, undecoded
+        assert a.tokens == ids + got[:2]
+        b.rollback(len(a.tokens))
+        assert np.array_equal(a.decode([got[2]]), b.decode([got[2]]))
+
+
+def test_the_chain_stops_where_the_context_does(smol_path: Path) -> None:
+    with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        m.decode(ids * (240 // len(ids)))
+        room = m.n_ctx - len(m.tokens)
+        out = m.argmax_chain([ids[0]], room + 5, frozenset())
+        assert out is not None and len(out) == room and len(m.tokens) == m.n_ctx
+
+
+def test_a_row_that_is_not_finite_is_no_token_and_is_not_kept(corrupt_draft_path: Path) -> None:
+    """The corrupt draft's logits hold NaNs (test_hostile): None, as `decode_argmax` gives, and the cache holds
+    what the model says it holds (the decode whose row was not finite forgotten)."""
+    with Model(corrupt_draft_path, n_ctx=256, n_threads=THREADS) as m:
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        m.decode(ids[:-1])
+        assert m.argmax_chain(ids[-1:], 4, frozenset()) is None
+        assert m.tokens == ids[:-1]
+        assert int(m._C.llama_memory_seq_pos_max(m._mem, 0)) == len(ids) - 2
+        assert m.decode_argmax(ids[-1:]) is None  # as numpy's path: the decode went in, no token
+        assert m.tokens == ids and int(m._C.llama_memory_seq_pos_max(m._mem, 0)) == len(ids) - 1
+
+
+def test_rows_the_loop_wrote_keep_their_sequence_ids_right(smol_path: Path) -> None:
+    """On a context of several sequences the loop writes rows for sequence 0 in C: the batch's record of which
+    sequence each row holds follows, so the next batch for another sequence rewrites its ids."""
+    with Model(smol_path, n_ctx=256, n_threads=THREADS, n_seq=2) as m:
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        m.decode_many([(1, ids[:3], 1, 0)])
+        assert m._batch.handle.seq_id[0][0] == 1
+        m.argmax_chain(ids[:3], 2, frozenset())
+        assert m._batch.handle.seq_id[0][0] == 0 and list(m._batch.seq[:3]) == [0, 0, 0]
+        m.decode_many([(1, ids[3:5], 1, 0)])
+        assert [m._batch.handle.seq_id[i][0] for i in range(2)] == [1, 1]
