@@ -94,6 +94,21 @@ def test_the_chain_is_the_same_chain_taken_decode_by_decode(smol_path: Path, fir
         assert np.array_equal(a.decode([got[2]]), b.decode([got[2]]))
 
 
+def test_each_greedy_part_of_a_batch_gets_numpys_argmaxes(smol_path: Path) -> None:
+    """Several sequences in one batch (the server's), greedy parts among others whose logits are read, fillers
+    behind one: each greedy part's tokens are numpy's argmaxes of its rows, the others' logits the same."""
+    with (Model(smol_path, n_ctx=256, n_threads=THREADS, n_seq=3) as a,
+          Model(smol_path, n_ctx=256, n_threads=THREADS, n_seq=3) as b):  # fmt: skip
+        b._native = None  # numpy's path
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+        for parts in ([(0, ids[:5], 2, 0), (1, ids[5:9], 1, 1), (2, ids[9:12], 3, 0)],
+                      [(0, ids[5:6], 1, 0), (1, ids[9:10], 1, 0), (2, ids[12:14], 0, 0)]):  # fmt: skip
+            got, want = a.decode_many(parts, greedy={0, 2}), b.decode_many(parts, greedy={0, 2})
+            assert got[0] == want[0] and got[2] == want[2] and got[0] and len(got[0]) == parts[0][2]
+            assert np.array_equal(got[1], want[1])  # type: ignore[arg-type]
+        assert a.seq_tokens == b.seq_tokens
+
+
 def test_the_chain_stops_where_the_context_does(smol_path: Path) -> None:
     with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
         ids = m.tokenize(TEXT, add_special=True, parse_special=False)
@@ -114,6 +129,8 @@ def test_a_row_that_is_not_finite_is_no_token_and_is_not_kept(corrupt_draft_path
         assert int(m._C.llama_memory_seq_pos_max(m._mem, 0)) == len(ids) - 2
         assert m.decode_argmax(ids[-1:]) is None  # as numpy's path: the decode went in, no token
         assert m.tokens == ids and int(m._C.llama_memory_seq_pos_max(m._mem, 0)) == len(ids) - 1
+    with Model(corrupt_draft_path, n_ctx=256, n_threads=THREADS, n_seq=2) as m:  # a batch's greedy part
+        assert m.decode_many([(0, ids, 1, 0), (1, ids[:3], 1, 0)], greedy={0, 1}) == [None, None]
 
 
 def test_rows_the_loop_wrote_keep_their_sequence_ids_right(smol_path: Path) -> None:

@@ -25,6 +25,7 @@ from specdec_cli.engine.protocol import LanguageModel, argmax_rows, chain_by_ste
 
 NO_TOKEN = -100  # a row gave no sampled token (backend sampling)
 NOT_FINITE = -101  # a row of logits held a NaN or an infinite maximum
+ROW_NOT_FINITE, ROW_NO_TOKEN = -1, -2  # `NativeGreedy.rows`' tokens for such rows
 
 
 def argmax_function(C: Any) -> Any | None:  # noqa: N803
@@ -44,23 +45,27 @@ class NativeGreedy:
         """None where the library lacks the calls: not specdec's build, or one from before they took catch-up
         tokens and their own argmax (other signatures: a call through these would write past its arguments)."""
         lib = C._lib
-        if not all(hasattr(lib, f"llama_specdec_{name}") for name in ("argmax", "decode_argmax", "argmax_chain")):
+        names = ("argmax", "decode_argmax", "decode_rows", "argmax_chain")
+        if not all(hasattr(lib, f"llama_specdec_{name}") for name in names):
             return None
         return NativeGreedy(C, ctx)
 
     def __init__(self, C: Any, ctx: Any) -> None:  # noqa: N803
         i32, p32, b = ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_bool
-        self._decode_fn, self._chain_fn = C._lib.llama_specdec_decode_argmax, C._lib.llama_specdec_argmax_chain
-        pd = ctypes.POINTER(ctypes.c_double)
+        lib, pd, pb = C._lib, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_bool)
+        self._decode_fn, self._rows_fn = lib.llama_specdec_decode_argmax, lib.llama_specdec_decode_rows
+        self._chain_fn = lib.llama_specdec_argmax_chain
         self._decode_fn.argtypes = [ctypes.c_void_p, C.llama_batch, p32, i32, i32, i32, b, p32, pd]
+        self._rows_fn.argtypes = [ctypes.c_void_p, C.llama_batch, i32, p32, pb, i32, p32, pd]
         self._chain_fn.argtypes = [ctypes.c_void_p, C.llama_batch, p32, i32, i32, i32, b, p32, i32, p32, p32, pd]
-        self._decode_fn.restype = self._chain_fn.restype = i32
+        self._decode_fn.restype = self._rows_fn.restype = self._chain_fn.restype = i32
         self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
         self._in = (ctypes.c_int32 * 8)()
         self._out = (ctypes.c_int32 * 65)()
         self._status = ctypes.c_int32(0)
         self._stop: tuple[frozenset[int], Any] | None = None
         self._seconds = ctypes.c_double(0.0)  # in llama_decode, over every call: `decode_seconds`
+        self._sampled = (ctypes.c_bool * 8)()
 
     @property
     def decode_seconds(self) -> float:
@@ -84,6 +89,18 @@ class NativeGreedy:
                                  ctypes.byref(self._seconds))
         batch.claimed(len(tokens))
         return (self._out[:n_out] if status == 0 else []), status
+
+    def rows(self, batch: LlamaBatch, n_tokens: int, rows: Sequence[int], sampled: Sequence[bool]) -> tuple[list[int], int]:
+        """Decode the batch as filled (`n_tokens` rows, any sequences), and take the greedy tokens of the output
+        rows `rows` (negative: from the last output), each the backend sampler's where `sampled`. Returns them
+        (ROW_NOT_FINITE, ROW_NO_TOKEN where a row gave none) and llama_decode's return (0: decoded)."""
+        self._buffers(rows, len(rows))
+        if len(self._sampled) < len(rows):
+            self._sampled = (ctypes.c_bool * len(rows))()
+        self._sampled[: len(rows)] = list(sampled)
+        ret = self._rows_fn(self._ctx, batch.handle, n_tokens, self._in, self._sampled, len(rows), self._out,
+                            ctypes.byref(self._seconds))  # fmt: skip
+        return (self._out[: len(rows)] if ret == 0 else []), ret
 
     def chain(
         self, batch: LlamaBatch, first: Sequence[int], held: list[int], k: int, sampled: bool, stop: frozenset[int]
@@ -136,6 +153,32 @@ class GreedyMethods:
         def _switch_kernels(self) -> None: ...
 
         def _failed(self, ret: int, seqs: tuple[int, ...]) -> None: ...
+
+    def _decode_rows(self, n_tokens: int, seqs: tuple[int, ...], rows: Sequence[int], sampled: Sequence[bool]) -> list[int]:
+        """`_run_batch` for `decode_many`'s batch as filled, with the greedy tokens of its output rows `rows` taken
+        in the same call (`NativeGreedy.rows`)."""
+        g = self._native
+        assert g is not None
+        self._switch_kernels()
+        t0 = g.decode_seconds
+        tokens, ret = g.rows(self._batch, n_tokens, rows, sampled)
+        self.decode_seconds += g.decode_seconds - t0
+        self.pending_moves.clear()
+        if self._argmax is not None:
+            self._argmax.decoded()
+        if ret != 0:
+            self._failed(ret, seqs)
+        self.decoded_tokens += n_tokens
+        return tokens
+
+    def _greedy_rows(self, got: list[int]) -> list[int] | None:
+        """A part's tokens out of `_decode_rows`: None where a row was not finite, as numpy's path gives."""
+        if ROW_NO_TOKEN in got:
+            raise RuntimeError("llama.cpp sampled no token for one of a batch's outputs (backend sampling)")
+        if ROW_NOT_FINITE in got:
+            return None
+        self._logits_seen = self._logits_seen or bool(got)
+        return got
 
     def _sampled(self) -> bool:
         """Sequence 0's greedy tokens are the graph's: a sampler attached, or attached now, the logits having been

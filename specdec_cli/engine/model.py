@@ -250,8 +250,9 @@ class Model(VocabMethods, CacheMethods, GreedyMethods):
         """Decode several sequences' tokens in ONE llama_decode: `parts` are (seq, tokens, n_logits,
         tail), at most `n_batch` tokens in all, one part per sequence; the last `tail` tokens get no
         logits (fillers) and the n_logits before them do. Returns each part's logits, as views valid
-        until the next call that decodes; for a sequence in `greedy`, their argmaxes instead (in the graph
-        as `decode_argmax`'s, once the logits were seen finite; None: a row not finite)."""
+        until the next call that decodes; for a sequence in `greedy`, their argmaxes instead, taken as
+        `decode_argmax`'s (in the decode's call, the graph's once the logits were seen finite; None: a row
+        not finite)."""
         self._context()
         seqs, row = part_seqs(parts, self.n_batch), 0
         for seq, toks, n_logits, tail in parts:
@@ -260,15 +261,30 @@ class Model(VocabMethods, CacheMethods, GreedyMethods):
             row += len(toks)
         a, out_seqs = self._argmax, [s for s, _, n, _ in parts if n or self.hidden_on]  # those with output rows
         graph = a.prepare(out_seqs, greedy, self._logits_seen and not self.hidden_on) if a and (greedy or a.chains) else ()
-        if row:
+        n_out = sum(p[2] for p in parts)
+        native: dict[int, int] = {}  # greedy seq: where its rows' tokens start in `tops` (one call: engine/greedy.py)
+        if row and greedy and self._native is not None and not self.hidden_on:
+            rows: list[int] = []  # output rows from the last output (llama.cpp's indices), the greedy parts' only
+            sampled: list[bool] = []
+            first = 0
+            for seq, _, n_logits, _ in parts:
+                if seq in greedy:
+                    native[seq] = len(rows)
+                    rows += range(first - n_out, first + n_logits - n_out)
+                    sampled += [seq in graph] * n_logits
+                first += n_logits
+            tops = self._decode_rows(row, tuple(seqs), rows, sampled)
+        elif row:
             self._run_batch(row, tuple(seqs))
         out: list[Rows] = []
-        first, row, n_out = 0, 0, sum(p[2] for p in parts)
+        first, row = 0, 0
         for seq, toks, n_logits, tail in parts:
             self.seq_tokens[seq].extend(toks)
             if self.hidden_on:  # every row is an output: a part's logits rows are where its tokens are
                 first = row + len(toks) - tail - n_logits
-            if seq in graph:  # the graph's argmaxes; else numpy's, which sees a row that is not finite
+            if seq in native:
+                out.append(self._greedy_rows(tops[native[seq] : native[seq] + n_logits]))
+            elif seq in graph:  # the graph's argmaxes; else numpy's, which sees a row that is not finite
                 out.append(a.tokens(n_logits, n_out - first - n_logits))  # type: ignore[union-attr]
             elif seq in greedy:
                 top = argmax_rows(self._batch.logits(first, n_logits))
