@@ -8,11 +8,11 @@ at a fixed K of 4, and the auto drafter (which plans every step, drafting or not
 alternating order; with `--numpy-too`, each also on numpy's path (Python between every two decodes, as without
 patch 0006's calls: engine/greedy.py), alternating with it, and the tokens/s ratio of the two. Host time is the
 run's wall time (prompt included) less the seconds inside `llama_decode` (both models, prompt included), over
-the steps: everything done between two decodes, the argmaxes, the cache bookkeeping, the events and stats. The parts the stats name
-(sampling: the drafts' and the verification's maths; other: the rest of a step) are shown beside it. With
-`--llama-cpp-bin`, `llama-speculative-simple` runs the same pair and K with the same kernels and GPU layers
-(`bench.external.target_kernels`), and `llama-bench -n N` gives llama.cpp's single-stream tokens/s, so each
-line has its llama.cpp counterpart in one run. A command, not a test: 2 cores time nothing while anything
+the steps: everything done between two decodes, the argmaxes, the cache bookkeeping, the events and stats. The
+parts the stats name (sampling: the drafts' and the verification's maths; other: the rest of a step) are shown
+beside it. With `--llama-cpp-bin`, `llama-speculative-simple` runs the same pair and K with the same kernels and
+GPU layers (`bench.external.target_kernels`), and `llama-bench -n N` gives llama.cpp's single-stream tokens/s, so
+each line has its llama.cpp counterpart in one run. A command, not a test: 2 cores time nothing while anything
 else runs.
 """
 
