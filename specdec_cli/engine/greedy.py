@@ -3,9 +3,10 @@
 Greedy decoding needs one number per row of logits, its argmax. Where it is computed: in llama.cpp's graph, by a
 greedy backend sampler, where the logits are on a GPU (engine/backend_argmax.py); else on the host, over the
 logits in host memory. Either way, a step's decode and its argmaxes are one call into llama.cpp (patches/llama.cpp/
-0006): `llama_specdec_decode_argmax` decodes a batch and writes its output rows' greedy tokens, and
-`llama_specdec_argmax_chain` runs a greedy draft's catch-up and K tokens, one decode each, until K tokens or a
-stop token. Between two decodes Python costs tens of microseconds of host time, most of it in cold caches (the
+0006): `llama_specdec_decode_argmax` decodes a batch and writes its output rows' greedy tokens,
+`llama_specdec_decode_rows` does the same for chosen rows of a batch of several sequences (the batched server's),
+and `llama_specdec_argmax_chain` runs a greedy draft's catch-up and K tokens, one decode each, until K tokens or
+a stop token. Between two decodes Python costs tens of microseconds of host time, most of it in cold caches (the
 decode has just swept the weights through them): the batch written, the call, the logits row found and reduced,
 the bookkeeping (docs/design.md#host-time). In C that is a few stores and a vectorised argmax, the one numpy's
 path takes: the first maximum, and a row with a NaN anywhere, or an infinite maximum, gives no token.
@@ -38,7 +39,7 @@ def argmax_function(C: Any) -> Any | None:  # noqa: N803
 
 
 class NativeGreedy:
-    """The patch's two calls for one context, with their buffers: the tokens in, the stop set, the tokens out."""
+    """The patch's three calls for one context, with their buffers: the tokens in, the stop set, the tokens out."""
 
     @staticmethod
     def of(C: Any, ctx: Any) -> NativeGreedy | None:  # noqa: N803
