@@ -17,8 +17,8 @@ Where the library lacks the calls (not specdec's build), numpy's argmax over the
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from specdec_cli.engine.backend_argmax import BackendArgmax
 from specdec_cli.engine.llama_batch import LlamaBatch
@@ -27,15 +27,7 @@ from specdec_cli.engine.protocol import LanguageModel, argmax_rows, chain_by_ste
 NO_TOKEN = -100  # a row gave no sampled token (backend sampling)
 NOT_FINITE = -101  # a row of logits held a NaN or an infinite maximum
 ROW_NOT_FINITE, ROW_NO_TOKEN = -1, -2  # `NativeGreedy.rows`' tokens for such rows
-
-
-def argmax_function(C: Any) -> Any | None:  # noqa: N803
-    """`llama_specdec_argmax(x, n)`: the first maximum of n floats, -1 where one is a NaN or the maximum is
-    infinite (tests compare it with numpy's), or None where the library lacks it."""
-    f = getattr(C._lib, "llama_specdec_argmax", None)
-    if f is not None:
-        f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32
-    return f
+T = TypeVar("T")
 
 
 class NativeGreedy:
@@ -155,16 +147,22 @@ class GreedyMethods:
 
         def _failed(self, ret: int, seqs: tuple[int, ...]) -> None: ...
 
-    def _decode_rows(self, n_tokens: int, seqs: tuple[int, ...], rows: Sequence[int], sampled: Sequence[bool]) -> list[int]:
-        """`_run_batch` for `decode_many`'s batch as filled, with the greedy tokens of its output rows `rows` taken
-        in the same call (`NativeGreedy.rows`)."""
+    def _in_c(self, call: Callable[[NativeGreedy], T]) -> T:
+        """One of `NativeGreedy`'s calls, as `_run_batch` makes llama_decode's: this model's kernels switched on,
+        its seconds inside llama_decode counted, the cache's pending moves applied."""
         g = self._native
         assert g is not None
         self._switch_kernels()
         t0 = g.decode_seconds
-        tokens, ret = g.rows(self._batch, n_tokens, rows, sampled)
+        out = call(g)
         self.decode_seconds += g.decode_seconds - t0
         self.pending_moves.clear()
+        return out
+
+    def _decode_rows(self, n_tokens: int, seqs: tuple[int, ...], rows: Sequence[int], sampled: Sequence[bool]) -> list[int]:
+        """`_run_batch` for `decode_many`'s batch as filled, with the greedy tokens of its output rows `rows` taken
+        in the same call (`NativeGreedy.rows`)."""
+        tokens, ret = self._in_c(lambda g: g.rows(self._batch, n_tokens, rows, sampled))
         if self._argmax is not None:
             self._argmax.decoded()
         if ret != 0:
@@ -202,11 +200,7 @@ class GreedyMethods:
             return a.tokens(n_logits)  # type: ignore[union-attr]
         self._context()  # a closed model raises here, before its freed context reaches C
         self._check_room(0, n)
-        self._switch_kernels()
-        t0 = g.decode_seconds
-        out, status = g.decode(self._batch, tokens, len(held), n_logits, sampled)
-        self.decode_seconds += g.decode_seconds - t0
-        self.pending_moves.clear()
+        out, status = self._in_c(lambda g: g.decode(self._batch, tokens, len(held), n_logits, sampled))
         if status not in (0, NO_TOKEN, NOT_FINITE):
             self._failed(status, (0,))  # nothing went in
         held.extend(tokens)
@@ -229,12 +223,9 @@ class GreedyMethods:
             return chain_by_steps(cast(LanguageModel, self), tokens, k, stop)
         self._context()
         self._check_room(0, n)
-        sampled = self._sampled()
-        self._switch_kernels()
-        t0, n_held = g.decode_seconds, len(held)
-        out, status = g.chain(self._batch, tokens, held, min(k, self.n_ctx - n_held - n + 1), sampled, stop)
-        self.decode_seconds += g.decode_seconds - t0
-        self.pending_moves.clear()
+        sampled, n_held = self._sampled(), len(held)
+        out, status = self._in_c(lambda g: g.chain(self._batch, tokens, held, min(k, self.n_ctx - n_held - n + 1),
+                                                   sampled, stop))
         self.decoded_tokens += len(held) - n_held
         if a is not None and (out or status in (NO_TOKEN, NOT_FINITE)):
             a.decoded()  # a decode went in

@@ -58,7 +58,8 @@ class LanguageModel(Protocol):
 
     def decode_argmax(self, tokens: Sequence[int], n_logits: int = 1) -> list[int] | None:
         """As `decode`, but the argmax of each of those rows (greedy's tokens; where the model computes them is
-        its business: `Model` in llama.cpp's graph where the logits are on a GPU); None where a row is not finite."""
+        its business: `Model` in its decode's own call into llama.cpp, engine/greedy.py); None where a row is not
+        finite."""
         ...
 
     def argmax_chain(self, tokens: Sequence[int], k: int, stop: frozenset[int]) -> list[int] | None:
