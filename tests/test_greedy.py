@@ -145,3 +145,64 @@ def test_rows_the_loop_wrote_keep_their_sequence_ids_right(smol_path: Path) -> N
         assert m._batch.handle.seq_id[0][0] == 0 and list(m._batch.seq[:3]) == [0, 0, 0]
         m.decode_many([(1, ids[3:5], 1, 0)])
         assert [m._batch.handle.seq_id[i][0] for i in range(2)] == [1, 1]
+
+
+def test_a_rollback_left_to_the_next_call_removes_the_same_cells(smol_path: Path) -> None:
+    """After a model's first rollback (made at once: a model that cannot roll back says so there), sequence 0's
+    rollbacks wait for the next call into llama.cpp: patch 0006's calls remove the cells where they decode, any
+    other call first. Either way the tokens, the cells and the logits are those of rollbacks made at once."""
+    with Model(smol_path, n_ctx=256, n_threads=THREADS) as a, Model(smol_path, n_ctx=256, n_threads=THREADS) as b:
+        b._native = None  # numpy's path: every rollback at once
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+
+        def last(m: Model) -> int:
+            return int(m._C.llama_memory_seq_pos_max(m._mem, 0))
+
+        for m in (a, b):
+            m.decode(ids[:10])
+            m.rollback(8)
+        assert a._native is not None and a._native.removes_stale
+        assert a._defer_rollback and not a._stale and not b._defer_rollback and last(a) == 7
+        a.decode(ids[8:12])
+        b.decode(ids[8:12])
+        a.rollback(9)
+        b.rollback(9)
+        assert a._stale and a.tokens == b.tokens == ids[:9] and last(a) == 11 and last(b) == 8  # cells still there
+        assert a.decode_argmax(ids[9:11], 2) == np.argmax(b.decode(ids[9:11], 2), axis=-1).tolist()
+        assert not a._stale and last(a) == last(b) == 10
+        a.rollback(9)
+        b.rollback(9)
+        assert a.argmax_chain(ids[9:10], 3, frozenset()) == chain_by_steps(b, ids[9:10], 3, frozenset())
+        assert a.tokens == b.tokens and last(a) == last(b) == len(a.tokens) - 1
+
+        def decode_many(m: Model) -> None:
+            m.decode_many([(0, ids[5:6], 1, 0)])
+
+        for other in (lambda m: m.decode(ids[5:7]), lambda m: m.save_seq(0), decode_many):
+            for m in (a, b):
+                m.prefill(ids[:8])
+                m.rollback(5)
+            assert a._stale
+            other(a)
+            other(b)
+            assert not a._stale and a.tokens == b.tokens and last(a) == last(b) == len(a.tokens) - 1
+        assert np.array_equal(a.decode(ids[12:13]), b.decode(ids[12:13]))
+
+
+def test_a_library_whose_calls_do_not_remove_cells_gets_its_rollbacks_at_once() -> None:
+    """Before version 2 of the calls (no `llama_specdec_version`), a decode there does not remove a deferred
+    rollback's cells: such a library's rollbacks are made at once."""
+    from types import SimpleNamespace
+
+    class Fn:  # a C function as ctypes shows it
+        def __call__(self) -> int:
+            return 2
+
+    lib = SimpleNamespace(**{f"llama_specdec_{name}": Fn() for name in ("argmax", "decode_argmax", "decode_rows",
+                                                                         "argmax_chain")})  # fmt: skip
+    C = SimpleNamespace(_lib=lib, llama_batch=object, llama_get_memory=lambda ctx: None)  # noqa: N806
+    native = greedy.NativeGreedy.of(C, ctx=None)
+    assert native is not None and not native.removes_stale
+    lib.llama_specdec_version = Fn()
+    native = greedy.NativeGreedy.of(C, ctx=None)
+    assert native is not None and native.removes_stale

@@ -52,6 +52,11 @@ class NativeGreedy:
         self._rows_fn.argtypes = [ctypes.c_void_p, C.llama_batch, i32, p32, pb, i32, p32, pd]
         self._chain_fn.argtypes = [ctypes.c_void_p, C.llama_batch, p32, i32, i32, i32, b, p32, i32, p32, p32, pd]
         self._decode_fn.restype = self._rows_fn.restype = self._chain_fn.restype = i32
+        # version 2: decode_argmax and the chain remove seq 0's cells from where they decode (a deferred rollback)
+        version = getattr(lib, "llama_specdec_version", None)
+        if version is not None:
+            version.restype, version.argtypes = i32, []
+        self.removes_stale = version is not None and version() >= 2
         self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
         self._in = (ctypes.c_int32 * 8)()
         self._out = (ctypes.c_int32 * 65)()
@@ -125,6 +130,7 @@ class GreedyMethods:
     _native: NativeGreedy | None
     _batch: LlamaBatch
     _logits_seen: bool
+    _stale: bool
     hidden_on: bool
     n_batch: int
     n_ctx: int
@@ -139,7 +145,7 @@ class GreedyMethods:
 
         def decode(self, tokens: Sequence[int], n_logits: int = 1, seq: int = 0) -> Any: ...
 
-        def _context(self) -> Any: ...
+        def _context(self, settle: bool = True) -> Any: ...
 
         def _check_room(self, seq: int, n: int) -> None: ...
 
@@ -155,6 +161,7 @@ class GreedyMethods:
         self._switch_kernels()
         t0 = g.decode_seconds
         out = call(g)
+        self._stale = False  # seq 0's cells past its tokens: removed in the call (decode_rows settled first)
         self.decode_seconds += g.decode_seconds - t0
         self.pending_moves.clear()
         return out
@@ -198,7 +205,7 @@ class GreedyMethods:
                 return top
             self._decode(tokens, n_logits, 0, view=False)
             return a.tokens(n_logits)  # type: ignore[union-attr]
-        self._context()  # a closed model raises here, before its freed context reaches C
+        self._context(settle=False)  # a closed model raises here, before its freed context reaches C
         self._check_room(0, n)
         out, status = self._in_c(lambda g: g.decode(self._batch, tokens, len(held), n_logits, sampled))
         if status not in (0, NO_TOKEN, NOT_FINITE):
@@ -221,7 +228,7 @@ class GreedyMethods:
         n, a, g, held = len(tokens), self._argmax, self._native, self.seq_tokens[0]
         if g is None or self.hidden_on or not 0 < n <= self.n_batch or k < 1:
             return chain_by_steps(cast(LanguageModel, self), tokens, k, stop)
-        self._context()
+        self._context(settle=False)
         self._check_room(0, n)
         sampled, n_held = self._sampled(), len(held)
         out, status = self._in_c(lambda g: g.chain(self._batch, tokens, held, min(k, self.n_ctx - n_held - n + 1),

@@ -20,13 +20,16 @@ class CacheMethods:
     _C: Any
     _mem: Any
     _ctx: Any
+    _native: Any
+    _stale: bool
+    _defer_rollback: bool
     path: Path
     seq_tokens: list[list[int]]
     pending_moves: set[int]
 
     if TYPE_CHECKING:  # the model's
 
-        def _context(self) -> Any: ...
+        def _context(self, settle: bool = True) -> Any: ...
 
         def _decode(self, tokens: Sequence[int], n_logits: int, seq: int, view: bool = True) -> np.ndarray: ...
 
@@ -37,9 +40,17 @@ class CacheMethods:
         del self.seq_tokens[seq][pos_max + 1 :]
 
     def rollback(self, n_keep: int, seq: int = 0) -> None:
-        """Forget every cached position from `n_keep` on."""
+        """Forget every cached position from `n_keep` on. Sequence 0's cells may go later, in the next call into
+        llama.cpp (patch 0006's calls remove them as they decode there, `_context` before any other call): a step
+        saves a call of its own, tens of microseconds after a decode. The first rollback goes at once (a model
+        that cannot roll back says so there)."""
         tokens = self.seq_tokens[seq]
         if n_keep >= len(tokens):
+            return
+        if seq == 0 and self._defer_rollback:
+            self._context(settle=False)
+            del tokens[n_keep:]
+            self._stale = True
             return
         self._context()
         ok = self._C.llama_memory_seq_rm(self._mem, seq, n_keep, -1)
@@ -47,6 +58,7 @@ class CacheMethods:
             raise UnsupportedModelError(f"{self.path.name}: this architecture cannot roll its cache back (recurrent or "
                                         "hybrid model); speculative decoding needs that, so run it with --no-draft")  # fmt: skip
         del tokens[n_keep:]
+        self._defer_rollback = seq == 0 and self._native is not None and self._native.removes_stale
 
     def move_seq(self, src: int, dst: int) -> None:
         """Move `src`'s cache to `dst` (dropping `dst`'s), leaving `src` empty. llama.cpp copies the whole KV stream

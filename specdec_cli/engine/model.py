@@ -74,6 +74,8 @@ class Model(VocabMethods, CacheMethods, GreedyMethods):
         self.unified = unified
         self.seq_tokens: list[list[int]] = [[] for _ in range(self.n_seq)]
         self.pending_moves: set[int] = set()  # sequences a `move_seq` has moved or overwritten, until the next decode
+        self._stale = False  # seq 0 has cells past its tokens: a rollback left to the next call (CacheMethods.rollback)
+        self._defer_rollback = False  # seq 0's rollbacks may wait (the patch's calls remove such cells; one went)
         self.tokens: list[int] = self.seq_tokens[0]
         self.decode_seconds = 0.0  # time spent inside llama_decode, for stats
         self.decoded_tokens = 0  # tokens evaluated so far (shows cache reuse)
@@ -192,10 +194,15 @@ class Model(VocabMethods, CacheMethods, GreedyMethods):
             raise UsageError(f"{self.path.name} has been closed: load it again")
         return self._vocab_ptr
 
-    def _context(self) -> Any:
+    def _context(self, settle: bool = True) -> Any:
+        """The context, for a call into llama.cpp; a closed model raises. `settle`: seq 0's cells past its tokens
+        (a rollback left to the next call) removed first: every call but the patch's own, which remove them."""
         if self._ctx is None:
             raise (RpcError(f"{self.path.name} was on an RPC server that stopped answering: load it again")
                    if self.abandoned else UsageError(f"{self.path.name} has been closed (or was loaded vocabulary-only)"))
+        if self._stale and settle:
+            self._stale = False
+            self._C.llama_memory_seq_rm(self._mem, 0, len(self.seq_tokens[0]), -1)
         return self._ctx
 
     @property
