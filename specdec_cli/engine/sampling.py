@@ -187,5 +187,9 @@ def verify_greedy(target_argmax: np.ndarray | list[int], drafted: Sequence[int])
     """
     # a few ints: plain Python beats numpy's per-call cost here
     top = target_argmax if isinstance(target_argmax, list) else target_argmax.tolist()
-    n = next((i for i, (t, d) in enumerate(zip(top, drafted, strict=False)) if t != d), len(drafted))
+    n = 0
+    for t, d in zip(top, drafted, strict=False):
+        if t != d:
+            break
+        n += 1
     return n, top[n]

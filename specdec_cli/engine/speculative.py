@@ -71,6 +71,7 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.prompt = list(prompt)
         self.config = config
+        self.sampler = config.sampler  # built once: the loop reads it every step
         self.rng = np.random.default_rng(config.seed)
         self.eog = target.eog_ids
         self._should_stop = should_stop
@@ -98,7 +99,7 @@ class SpeculativeGenerator:
         """The drafter's proposal; a drafter that cannot go on is replaced by its fallback."""
         assert self.drafter is not None
         try:
-            yield self.drafter.propose(DraftRequest(context, k, self.config.sampler, self.rng, self.eog))
+            yield self.drafter.propose(DraftRequest(context, k, self.sampler, self.rng, self.eog))
         except DraftUnusable as exc:
             # Nothing it proposed reaches the verifier: the run goes on without it.
             self.drafter = exc.fallback
@@ -138,7 +139,7 @@ class SpeculativeGenerator:
         yield res.prefill
 
         context = list(self.prompt)
-        greedy = cfg.sampler.greedy
+        greedy = self.sampler.greedy
         index = -1
         while True:
             index += 1
@@ -195,7 +196,7 @@ class SpeculativeGenerator:
         target, drafted = self.target, proposal.tokens
         n_cached = len(context) - 1
         t0 = time.perf_counter()
-        greedy = self.config.sampler.greedy
+        greedy = self.sampler.greedy
         top: np.ndarray | list[int] | None = None
         if isinstance(rows, np.ndarray):  # greedy checks finiteness within its argmax
             top = finite_argmax(rows) if greedy else None
@@ -212,7 +213,7 @@ class SpeculativeGenerator:
             n_acc, nxt = verify_greedy(top, drafted)
         else:
             assert isinstance(rows, np.ndarray)
-            n_acc, nxt = verify_sampled(partial(_row_dist, rows, self.config.sampler), drafted, proposal.dists, self.rng)
+            n_acc, nxt = verify_sampled(partial(_row_dist, rows, self.sampler), drafted, proposal.dists, self.rng)
         t_sample += time.perf_counter() - t0
         target.rollback(n_cached + 1 + n_acc)
 

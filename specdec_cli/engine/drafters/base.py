@@ -39,7 +39,7 @@ class DraftRequest:
 @dataclass(frozen=True)
 class Proposal:
     tokens: list[int] = field(default_factory=list)
-    dists: list[Dist] = field(default_factory=list)  # q for each token
+    dists: list[Dist] = field(default_factory=list)  # q for each token (sampling's; a greedy draft may leave it empty)
     k: int = 0  # the length the drafter aimed for (the live panel's K)
     source: str | None = None  # which drafter proposed: MODEL or NGRAM
     predicted_speedup: float | None = None  # the cost model's prediction for this choice (auto drafter)

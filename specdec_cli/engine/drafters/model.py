@@ -140,4 +140,4 @@ class ModelDrafter:
                 drafted = None if rest is None else drafted + rest
         if drafted is None:
             raise non_finite(self.model)
-        return Proposal(drafted, [Dist.point(t) for t in drafted], req.k, MODEL)
+        return Proposal(drafted, [], req.k, MODEL)  # greedy verification reads the tokens only: no q to build
