@@ -239,3 +239,25 @@ def test_the_server_stopping_finishes_a_stream_or_cuts_it_after_the_grace() -> N
 
     sent, log, cut = run_stream(stuck, never, stop_after=0.05, grace=0.05)
     assert cut and sent == [b"data: 1\n\n"] and log == ["finish", "closed"]
+
+
+def test_a_steps_tokens_reach_the_request_in_one_update_a_chunk_each() -> None:
+    """A step that emits several tokens (accepted drafts) is one update to the request (one hand-over to the
+    event loop, one write) holding a piece of text per token; the stop strings still cut within it, and the token
+    count is of the tokens behind the text sent."""
+    from types import SimpleNamespace
+
+    from specdec_cli.engine.events import DRAFT, TARGET, EmittedToken
+    from specdec_cli.server.worker import Delta, Job, _Relay
+
+    got: list[Any] = []
+    job = Job(prompt="p", options=GenerateOptions(), stops=["STOP"], emit=got.append)
+    relay = _Relay(SimpleNamespace(on_step=None), job, None)  # type: ignore[arg-type]
+
+    def step(*texts: str) -> Step:
+        toks = tuple(EmittedToken(i, t, DRAFT if i < len(texts) - 1 else TARGET) for i, t in enumerate(texts))
+        return Step(0, 4, (), len(texts) - 1, toks, 0.0, 0.0, 0.0, 0.0)
+
+    relay.event(step("a", "b", "", "c"))  # the third token completes no text (half a character)
+    relay.event(step("d", "ST", "OP", "e"))  # a stop string, across two tokens
+    assert got == [Delta(("a", "b", "c"), 4), Delta(("d",), 5)] and job.cancel.is_set()

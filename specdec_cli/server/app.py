@@ -265,9 +265,8 @@ class Server:
                 return
             if isinstance(ev, Done):
                 break
-            if ev.text:
-                out.append(shape.chunk(ev.text, None))
-                record.tokens = ev.tokens
+            out += (shape.chunk(text, None) for text in ev.texts)
+            record.tokens = ev.tokens
             if events.empty():
                 if out:
                     yield out

@@ -36,7 +36,10 @@ class QueueFull(Exception):
 
 @dataclass(frozen=True)
 class Delta:
-    text: str
+    """New text: a piece per token that completed some (a stream's chunk each), those of one step together
+    (sent in one write)."""
+
+    texts: tuple[str, ...]
     tokens: int  # completion tokens behind the text sent so far, this delta included
 
 
@@ -176,14 +179,18 @@ class _Relay:
         worker, job, stops = self.worker, self.job, self.stops
         if worker.on_step is not None:
             worker.on_step(ev)
+        texts: list[str] = []
+        behind = self.n_tokens  # completion tokens behind the last piece
         for tok in ev.emitted:
             if stops.stopped:
                 break
             self.n_tokens += 1
-            out = stops.feed(tok.text)
-            if out and (job.stream or not self.sent):
-                job.emit(Delta(out, self.n_tokens))
-                self.sent = True
+            if out := stops.feed(tok.text):
+                texts.append(out)
+                behind = self.n_tokens
+        if texts and (job.stream or not self.sent):
+            job.emit(Delta(tuple(texts), behind))
+            self.sent = True
         if stops.stopped:
             job.cancel.set()
 
@@ -197,7 +204,7 @@ class _Relay:
             gen = self.run.generation
             rest = self.stops.flush()
             if rest and (job.stream or not self.sent):
-                job.emit(Delta(rest, n_tokens))
+                job.emit(Delta((rest,), n_tokens))
             n_completion = n_tokens if self.stops.stopped else len(gen.token_ids)
             if self.worker.on_tokens is not None:
                 self.worker.on_tokens(gen.n_prompt_tokens, n_completion)
