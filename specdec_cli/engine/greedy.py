@@ -30,6 +30,13 @@ ROW_NOT_FINITE, ROW_NO_TOKEN = -1, -2  # `NativeGreedy.rows`' tokens for such ro
 T = TypeVar("T")
 
 
+def _bare(lib: Any, name: str) -> Any:
+    """`llama_specdec_<name>` as a function pointer of its own, no argtypes, returning an int32."""
+    fn = lib[f"llama_specdec_{name}"] if hasattr(lib, "__getitem__") else getattr(lib, f"llama_specdec_{name}")
+    fn.restype = ctypes.c_int32
+    return fn
+
+
 class NativeGreedy:
     """The patch's three calls for one context, with their buffers: the tokens in, the stop set, the tokens out."""
 
@@ -44,25 +51,23 @@ class NativeGreedy:
         return NativeGreedy(C, ctx)
 
     def __init__(self, C: Any, ctx: Any) -> None:  # noqa: N803
-        i32, p32, b = ctypes.c_int32, ctypes.POINTER(ctypes.c_int32), ctypes.c_bool
-        lib, pd, pb = C._lib, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_bool)
-        self._decode_fn, self._rows_fn = lib.llama_specdec_decode_argmax, lib.llama_specdec_decode_rows
-        self._chain_fn = lib.llama_specdec_argmax_chain
-        self._decode_fn.argtypes = [ctypes.c_void_p, C.llama_batch, p32, i32, i32, i32, b, p32, pd]
-        self._rows_fn.argtypes = [ctypes.c_void_p, C.llama_batch, i32, p32, pb, i32, p32, pd]
-        self._chain_fn.argtypes = [ctypes.c_void_p, C.llama_batch, p32, i32, i32, i32, b, p32, i32, p32, p32, pd]
-        self._decode_fn.restype = self._rows_fn.restype = self._chain_fn.restype = i32
+        lib = C._lib
+        # Function pointers of their own, without argtypes: ctypes' conversion of each argument cost several
+        # microseconds a call in the caches a decode leaves (twelve arguments: about half of the call). The calls
+        # below pass exactly the C types: ints (int32), bools, the batch by value, arrays and pointers.
+        self._decode_fn, self._rows_fn = _bare(lib, "decode_argmax"), _bare(lib, "decode_rows")
+        self._chain_fn = _bare(lib, "argmax_chain")
         # version 2: decode_argmax and the chain remove seq 0's cells from where they decode (a deferred rollback)
-        version = getattr(lib, "llama_specdec_version", None)
-        if version is not None:
-            version.restype, version.argtypes = i32, []
+        version = _bare(lib, "version") if hasattr(lib, "llama_specdec_version") else None
         self.removes_stale = version is not None and version() >= 2
         self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
+        self._ctx_p = ctx if isinstance(ctx, ctypes.c_void_p) else ctypes.c_void_p(ctx)
         self._in = (ctypes.c_int32 * 8)()
         self._out = (ctypes.c_int32 * 65)()
         self._status = ctypes.c_int32(0)
         self._stop: tuple[frozenset[int], Any] | None = None
         self._seconds = ctypes.c_double(0.0)  # in llama_decode, over every call: `decode_seconds`
+        self._status_p, self._seconds_p = ctypes.pointer(self._status), ctypes.pointer(self._seconds)
         self._sampled = (ctypes.c_bool * 8)()
 
     @property
@@ -72,19 +77,18 @@ class NativeGreedy:
         return self._seconds.value
 
     def _buffers(self, tokens: Sequence[int], n_out: int) -> None:
-        if len(self._in) < len(tokens):
-            self._in = (ctypes.c_int32 * len(tokens))()
-        self._in[: len(tokens)] = list(tokens)
-        if len(self._out) < n_out:
-            self._out = (ctypes.c_int32 * n_out)()
+        n = len(tokens)
+        if len(self._in) < n or len(self._out) < n_out:
+            self._in, self._out = (ctypes.c_int32 * max(n, len(self._in)))(), (ctypes.c_int32 * max(n_out, len(self._out)))()
+        self._in[:n] = tokens if isinstance(tokens, list) else list(tokens)
 
     def decode(self, batch: LlamaBatch, tokens: Sequence[int], pos: int, n_out: int, sampled: bool) -> tuple[list[int], int]:
         """Decode `tokens` (sequence 0) from `pos`, and take the greedy tokens of the last `n_out` rows (`sampled`:
         the attached backend sampler's). Returns them and the status: 0, llama_decode's failure (nothing went
         in), NO_TOKEN or NOT_FINITE (the decode went in, no tokens)."""
         self._buffers(tokens, n_out)
-        status = self._decode_fn(self._ctx, batch.handle, self._in, len(tokens), pos, n_out, sampled, self._out,
-                                 ctypes.byref(self._seconds))
+        status = self._decode_fn(self._ctx_p, batch.handle, self._in, len(tokens), pos, n_out, sampled, self._out,
+                                 self._seconds_p)
         batch.claimed(len(tokens))
         return (self._out[:n_out] if status == 0 else []), status
 
@@ -96,8 +100,8 @@ class NativeGreedy:
         if len(self._sampled) < len(rows):
             self._sampled = (ctypes.c_bool * len(rows))()
         self._sampled[: len(rows)] = list(sampled)
-        ret = self._rows_fn(self._ctx, batch.handle, n_tokens, self._in, self._sampled, len(rows), self._out,
-                            ctypes.byref(self._seconds))  # fmt: skip
+        ret = self._rows_fn(self._ctx_p, batch.handle, n_tokens, self._in, self._sampled, len(rows), self._out,
+                            self._seconds_p)  # fmt: skip
         return (self._out[: len(rows)] if ret == 0 else []), ret
 
     def chain(
@@ -112,8 +116,8 @@ class NativeGreedy:
         if self._stop is None or self._stop[0] is not stop:  # a generation's stop set: one array for its steps
             ids: Sequence[int] = sorted(stop)
             self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
-        n = self._chain_fn(self._ctx, batch.handle, self._in, len(first), len(held), k, sampled, self._stop[1],
-                           len(stop), self._out, ctypes.byref(self._status), ctypes.byref(self._seconds))  # fmt: skip
+        n = self._chain_fn(self._ctx_p, batch.handle, self._in, len(first), len(held), k, sampled, self._stop[1],
+                           len(stop), self._out, self._status_p, self._seconds_p)  # fmt: skip
         batch.claimed(len(first))
         out = self._out[:n]
         held.extend([*first, *out][: len(first) + n - 1] if n else ())
@@ -153,14 +157,14 @@ class GreedyMethods:
 
         def _failed(self, ret: int, seqs: tuple[int, ...]) -> None: ...
 
-    def _in_c(self, call: Callable[[NativeGreedy], T]) -> T:
-        """One of `NativeGreedy`'s calls, as `_run_batch` makes llama_decode's: this model's kernels switched on,
-        its seconds inside llama_decode counted, the cache's pending moves applied."""
+    def _in_c(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)`, one of `NativeGreedy`'s calls, as `_run_batch` makes llama_decode's: this model's kernels
+        switched on, its seconds inside llama_decode counted, the cache's pending moves applied."""
         g = self._native
         assert g is not None
         self._switch_kernels()
         t0 = g.decode_seconds
-        out = call(g)
+        out = call(*args)
         self._stale = False  # seq 0's cells past its tokens: removed in the call (decode_rows settled first)
         self.decode_seconds += g.decode_seconds - t0
         self.pending_moves.clear()
@@ -169,7 +173,8 @@ class GreedyMethods:
     def _decode_rows(self, n_tokens: int, seqs: tuple[int, ...], rows: Sequence[int], sampled: Sequence[bool]) -> list[int]:
         """`_run_batch` for `decode_many`'s batch as filled, with the greedy tokens of its output rows `rows` taken
         in the same call (`NativeGreedy.rows`)."""
-        tokens, ret = self._in_c(lambda g: g.rows(self._batch, n_tokens, rows, sampled))
+        assert self._native is not None
+        tokens, ret = self._in_c(self._native.rows, self._batch, n_tokens, rows, sampled)
         if self._argmax is not None:
             self._argmax.decoded()
         if ret != 0:
@@ -207,7 +212,7 @@ class GreedyMethods:
             return a.tokens(n_logits)  # type: ignore[union-attr]
         self._context(settle=False)  # a closed model raises here, before its freed context reaches C
         self._check_room(0, n)
-        out, status = self._in_c(lambda g: g.decode(self._batch, tokens, len(held), n_logits, sampled))
+        out, status = self._in_c(g.decode, self._batch, tokens, len(held), n_logits, sampled)
         if status not in (0, NO_TOKEN, NOT_FINITE):
             self._failed(status, (0,))  # nothing went in
         held.extend(tokens)
@@ -231,8 +236,7 @@ class GreedyMethods:
         self._context(settle=False)
         self._check_room(0, n)
         sampled, n_held = self._sampled(), len(held)
-        out, status = self._in_c(lambda g: g.chain(self._batch, tokens, held, min(k, self.n_ctx - n_held - n + 1),
-                                                   sampled, stop))
+        out, status = self._in_c(g.chain, self._batch, tokens, held, min(k, self.n_ctx - n_held - n + 1), sampled, stop)
         self.decoded_tokens += len(held) - n_held
         if a is not None and (out or status in (NO_TOKEN, NOT_FINITE)):
             a.decoded()  # a decode went in
