@@ -67,6 +67,26 @@ def test_hostile_template_ends_in_one_clear_error(name: str) -> None:
     assert "\n" not in message
 
 
+def test_recursion_ends_in_an_error_whatever_the_recursion_limit() -> None:
+    """A macro calling itself, a recursive loop: one clear error, not C's stack overflowing (a segfault) where
+    Python's recursion limit was raised (hypothesis raises it while a test runs; applications may), in a fresh
+    process so that a crash is a failure, not the end of the test run. Calls nested within the bound render."""
+    code = (
+        "import sys\n"
+        "sys.setrecursionlimit(100000)\n"
+        "from specdec_cli.engine import templates\n"
+        "for t in ('{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}',\n"
+        "          '{% for m in [[1]] recursive %}{{ loop([m]) }}{% endfor %}'):\n"
+        "    try: templates.render(t, [{'role': 'user', 'content': 'hi'}], bos_token='', eos_token='')\n"
+        "    except templates.ChatTemplateError as exc: print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count(f"nest more than {templates.MAX_NESTED_CALLS} deep") == 2, proc.stdout
+    within = "{% macro f(n) %}{% if n < 40 %}{{ f(n + 1) }}{% else %}done{% endif %}{% endmacro %}{{ f(0) }}"
+    assert templates.render(within, USER, bos_token="", eos_token="") == "done"
+
+
 @pytest.mark.slow
 def test_hostile_templates_stay_within_memory_bounds() -> None:
     """All of them in a fresh process: its peak memory stays far below what they ask for (GBs)."""

@@ -11,6 +11,9 @@ access to Python internals but not cost, so rendering here is also bounded:
   (`'a' * 10**9`, `'x'|center(10**9)`, `'%999999999s' % x`, `replace('', s)`),
   no integer argument may exceed it, `**` is bounded, and the output is
   streamed and stopped at MAX_CHARS;
+- depth: calls may nest MAX_NESTED_CALLS deep (a macro calling itself), whatever
+  Python's recursion limit is (raised, as test runners and some applications
+  do, C's stack would overflow first: a crash, not an error);
 - every failure (syntax, a sandbox refusal, `1/0`, recursion, memory) becomes a
   `ChatTemplateError` naming the model file and suggesting `--raw`.
 """
@@ -22,6 +25,7 @@ import functools
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
@@ -34,6 +38,8 @@ MEMORY_GROWTH = 256 * 2**20
 MAX_CHARS = 4_000_000  # a rendered conversation longer than this fits no context we load
 MAX_TEMPLATE_CHARS = 1_000_000  # real templates are a few kB (the largest known, with tool schemas, ~30 kB)
 MAX_POWER = 4096  # bits a `**` result may have
+MAX_NESTED_CALLS = 100  # real templates nest a few calls (a macro, a filter); each level is several C frames
+_NESTING = threading.local()  # calls in progress in this thread's template (servers render in several threads)
 _WIDTH = re.compile(r"(\d+)")
 
 
@@ -149,7 +155,14 @@ def _environment() -> Any:
             owner = getattr(__obj, "__self__", None)
             if isinstance(owner, str):
                 args = _check_growth(getattr(__obj, "__name__", ""), owner, args)
-            return _check_size(super().call(__context, __obj, *args, **kwargs))
+            depth = getattr(_NESTING, "depth", 0)
+            if depth >= MAX_NESTED_CALLS:
+                raise _Stop(f"its calls nest more than {MAX_NESTED_CALLS} deep")
+            _NESTING.depth = depth + 1
+            try:
+                return _check_size(super().call(__context, __obj, *args, **kwargs))
+            finally:
+                _NESTING.depth = depth
 
         def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
             wrapped = super().wrap_str_format(value)
