@@ -16,7 +16,7 @@ import pytest
 from specdec_cli.engine import greedy
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.native import bindings
-from specdec_cli.engine.protocol import chain_by_steps
+from specdec_cli.engine.protocol import argmax_rows, chain_by_steps
 from specdec_cli.errors import UsageError
 from tests.conftest import THREADS
 
@@ -206,3 +206,15 @@ def test_a_library_whose_calls_do_not_remove_cells_gets_its_rollbacks_at_once() 
     lib.llama_specdec_version = Fn()
     native = greedy.NativeGreedy.of(C, ctx=None)
     assert native is not None and native.removes_stale
+
+
+def test_numpy_integers_reach_the_calls(smol_path: Path) -> None:
+    """The calls have no argtypes (ctypes' conversions cost a call several microseconds): a count computed with
+    numpy (a drafter's K, a number of rows) still gets through, as a Python int would."""
+    with Model(smol_path, n_ctx=256, n_threads=THREADS) as m, Model(smol_path, n_ctx=256, n_threads=THREADS) as b:
+        b._native = None
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        m.decode(ids[:5])
+        b.decode(ids[:5])
+        assert m.decode_argmax(ids[5:8], np.int64(2)) == argmax_rows(b.decode(ids[5:8], 2))
+        assert m.argmax_chain(ids[8:9], np.int64(3), frozenset()) == chain_by_steps(b, ids[8:9], 3, frozenset())

@@ -87,8 +87,8 @@ class NativeGreedy:
         the attached backend sampler's). Returns them and the status: 0, llama_decode's failure (nothing went
         in), NO_TOKEN or NOT_FINITE (the decode went in, no tokens)."""
         self._buffers(tokens, n_out)
-        status = self._decode_fn(self._ctx_p, batch.handle, self._in, len(tokens), pos, n_out, sampled, self._out,
-                                 self._seconds_p)
+        status = self._decode_fn(self._ctx_p, batch.handle, self._in, len(tokens), int(pos), int(n_out), bool(sampled),
+                                 self._out, self._seconds_p)  # int(): no argtypes to take a numpy integer
         batch.claimed(len(tokens))
         return (self._out[:n_out] if status == 0 else []), status
 
@@ -100,7 +100,7 @@ class NativeGreedy:
         if len(self._sampled) < len(rows):
             self._sampled = (ctypes.c_bool * len(rows))()
         self._sampled[: len(rows)] = list(sampled)
-        ret = self._rows_fn(self._ctx_p, batch.handle, n_tokens, self._in, self._sampled, len(rows), self._out,
+        ret = self._rows_fn(self._ctx_p, batch.handle, int(n_tokens), self._in, self._sampled, len(rows), self._out,
                             self._seconds_p)  # fmt: skip
         return (self._out[: len(rows)] if ret == 0 else []), ret
 
@@ -116,8 +116,8 @@ class NativeGreedy:
         if self._stop is None or self._stop[0] is not stop:  # a generation's stop set: one array for its steps
             ids: Sequence[int] = sorted(stop)
             self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
-        n = self._chain_fn(self._ctx_p, batch.handle, self._in, len(first), len(held), k, sampled, self._stop[1],
-                           len(stop), self._out, self._status_p, self._seconds_p)  # fmt: skip
+        n = self._chain_fn(self._ctx_p, batch.handle, self._in, len(first), len(held), int(k), bool(sampled),
+                           self._stop[1], len(stop), self._out, self._status_p, self._seconds_p)  # fmt: skip
         batch.claimed(len(first))
         out = self._out[:n]
         held.extend([*first, *out][: len(first) + n - 1] if n else ())
