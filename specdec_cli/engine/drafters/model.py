@@ -128,16 +128,12 @@ class ModelDrafter:
         fresh = self._fresh(req.context)
         if fresh is None:
             return Proposal(k=req.k, source=MODEL)
-        t0 = self.model.decode_seconds
-        if len(fresh) <= 2:
-            drafted = self.model.argmax_chain(fresh, req.k, req.stop_ids)
-            self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)  # the whole chain's time
-        else:
-            drafted = self.model.decode_argmax(fresh)
-            self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)
-            if drafted is not None and req.k > 1 and drafted[0] not in req.stop_ids:
-                rest = self.model.argmax_chain(drafted, req.k - 1, req.stop_ids)
-                drafted = None if rest is None else drafted + rest
+        t0, whole = self.model.decode_seconds, len(fresh) <= 2
+        drafted = self.model.argmax_chain(fresh, req.k, req.stop_ids) if whole else self.model.decode_argmax(fresh)
+        self.last_catch_up = (len(fresh), self.model.decode_seconds - t0)  # one call: the whole chain's time
+        if not whole and drafted is not None and req.k > 1 and drafted[0] not in req.stop_ids:
+            rest = self.model.argmax_chain(drafted, req.k - 1, req.stop_ids)
+            drafted = None if rest is None else drafted + rest
         if drafted is None:
             raise non_finite(self.model)
         return Proposal(drafted, [], req.k, MODEL)  # greedy verification reads the tokens only: no q to build
