@@ -527,6 +527,12 @@ if [ -f "$CODE/benchmarks/host_time.py" ]; then
   grep -E "host|tokens/s|part" "$RAW/host-time.log" | head -12
 fi
 
+# --- CUDA graphs across specdec's batch shapes: steady and alternating shapes, with graphs and without ------------
+step graph-shapes "$([ "$MODE" = rehearse ] && echo 200 || echo 120)" "$PY" "$GPUPY/graph_shapes.py" \
+  "$RAW/graph-shapes.json" "$T" "$([ "$MODE" = rehearse ] && echo 8 || echo 64)" > "$RAW/graph-shapes.log" 2>&1
+tail -14 "$RAW/graph-shapes.log"
+"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+
 # --- then what is known to work elsewhere: --kernels fast, the small pair, every layer named ----------------------
 fast_runs "$P" "$T" "$D"
 DRAFT_NGL=()

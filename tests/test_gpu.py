@@ -354,3 +354,26 @@ def test_llama_cpp_libraries_that_do_not_load_are_one_line(tmp_path: Path) -> No
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: llama.cpp's libraries could not be loaded ("), lines
     assert "SPECDEC_GPU=cpu bash scripts/setup.sh" in lines[0]
+
+
+def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_cpps_reuse(smol_path: Path,
+                                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """scripts/gpu/graph_shapes.py (gpu-check's CUDA graphs step) on the CPU: every pattern's shapes timed in both
+    runs; llama.cpp reuses its graph while the shape stays and builds it again at every change."""
+    out = tmp_path / "graph-shapes.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu/graph_shapes.py", str(out), str(smol_path), "4", str(THREADS)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["gpu"] is False and got["steps"] == 4
+    patterns = got["patterns"]
+    assert list(patterns) == ["steady 1", "steady 5", "1,5", "2,3,4,5"]
+    for name, shapes in (("steady 1", ["1"]), ("steady 5", ["5"]), ("1,5", ["1", "5"]), ("2,3,4,5", ["2", "3", "4", "5"])):
+        assert [k for k in patterns[name] if k != "graph_reused"] == shapes
+        for n in shapes:
+            r = patterns[name][n]
+            assert len(r["ms_graphs"]) == 2 and min(r["ms_graphs"]) > 0 and r["ms_no_graphs"] > 0
+            assert r["off_over_on"] > 0
+    # 8 warm-up calls and 4 timed: the first after the prompt builds the graph, a steady shape reuses it after
+    assert patterns["steady 1"]["graph_reused"] == patterns["steady 5"]["graph_reused"] == "11/12"
+    assert patterns["1,5"]["graph_reused"] == patterns["2,3,4,5"]["graph_reused"] == "0/12"

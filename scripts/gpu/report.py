@@ -251,12 +251,14 @@ def report(out: Path, dest: Path) -> None:
     tl = tools(out)
     bn = bench(out)
     ht = read_json(out / "host-time.json")
+    gs = read_json(out / "graph-shapes.json")  # graph_shapes.py: CUDA graphs across batch shapes
     streams = [p for name in ("streams-inv.json", "streams.json") for p in (read_json(out / name) or [])
                if isinstance(p, dict)]  # several sequences in one batch: patch 0008's kernels, then stock
     combined = {"stamp": st, "meta": meta, "steps": steps, "probe": probe, "streams": streams,
                 "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in rs],
                 "identity": ident, "batched": batched, "tools": tl, "bench": bn,
-                "host_time": {k: ht.get(k) for k in ("medians", "llama_cpp", "parts")} if isinstance(ht, dict) else None}
+                "host_time": {k: ht.get(k) for k in ("medians", "llama_cpp", "parts")} if isinstance(ht, dict) else None,
+                "graph_shapes": gs}
     (dest / "gpu-check.json").write_text(json.dumps(combined, indent=1))
 
     md = [f"# gpu-check ({st.get('mode', '?')})", ""]
@@ -342,6 +344,14 @@ def report(out: Path, dest: Path) -> None:
         md += [f"| {k} | {fmt(v.get('host_ms_per_step'), 3)} | {fmt(v.get('decode_ms_per_step'), 2)} | "
                f"{fmt(v.get('tokens_per_second'))} |" for k, v in ht["medians"].items()]
         md += [f"- {k}: {fmt(v)}" for k, v in (ht.get("llama_cpp") or {}).items()]
+    if isinstance(gs, dict):
+        md += ["", f"## CUDA graphs across batch shapes ({gs.get('target')}, graph_shapes.py)", "",
+               "| pattern | shape | ms a call, graphs (A, A) | without | without / with | llama.cpp graph reused |",
+               "|---|---|---|---|---|---|"]
+        for name, shapes in (gs.get("patterns") or {}).items():
+            md += [f"| {name} | {n} | {' / '.join(fmt(x, 3) for x in r['ms_graphs'])} | {fmt(r['ms_no_graphs'], 3)} | "
+                   f"{fmt(r['off_over_on'], 3)} | {shapes.get('graph_reused', '-')} |"
+                   for n, r in shapes.items() if isinstance(r, dict)]
     (dest / "summary.md").write_text("\n".join(md) + "\n")
 
 

@@ -1,0 +1,115 @@
+"""Whether llama.cpp's CUDA graphs survive specdec's batch shapes, for scripts/gpu-check.sh.
+
+    python scripts/gpu/graph_shapes.py OUT.json TARGET.gguf [STEPS] [THREADS]
+
+llama.cpp captures a decode's CUDA graph and replays it while the graph's shape stays the same; a decode of
+another shape resets it (it runs without a graph until two calls in a row agree again). specdec's target
+alternates shapes where speculation does: a verification of K drafts is K + 1 tokens, a step without a draft
+is one, adaptive K varies K. This decodes the target (every layer on the GPU, exact mode, greedy as specdec's
+loop does: `Model.decode_argmax`, the next token fed back) in patterns of batch shapes, and times each decode
+call with CUDA graphs as llama.cpp has them and, in a child process, with `GGML_CUDA_DISABLE_GRAPHS=1`:
+
+    steady 1     one token a step (the target alone, a draft model's chain)
+    steady 5     five a step (every step a K = 4 verification)
+    1,5          one and five in turn (drafts paused on every other step)
+    2,3,4,5      adaptive K cycling
+
+On a build without CUDA graphs (the CPU) both runs are the same code: the ratios read 1.0 within noise.
+llama.cpp also builds a decode's graph again on the host at each change of shape (it keeps one, reused while the
+shape stays): each pattern's count of calls that reused it says how often. Writes OUT.json: per pattern and shape, milliseconds per decode call (medians) with graphs (twice: A B A, the
+machine's drift shows) and without, and the ratio. A shape's calls slower in a pattern than steady, and as slow as
+without graphs, lose their graph there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+PATTERNS = {"steady 1": [1], "steady 5": [5], "1,5": [1, 5], "2,3,4,5": [2, 3, 4, 5]}
+PROMPT = "Write a long story about a robot who learns to paint, with many details about colours and light."
+CHILD = "child"  # argv[1] of the process that measures
+
+
+def measure(target: str, steps: int, threads: int) -> dict[str, Any]:
+    """Per pattern and batch shape, the median milliseconds of a decode call (`steps` calls after a warm-up of 8)."""
+    from specdec_cli.engine import kernels, native
+    from specdec_cli.engine.model import Model
+
+    C = native.bindings()  # noqa: N806
+
+    gpu = bool(native.gpu_devices())
+    out: dict[str, Any] = {"gpu": gpu, "patterns": {}}
+    with Model(target, n_ctx=4096, n_threads=threads, n_gpu_layers=kernels.ALL_LAYERS if gpu else 0) as m:
+        out["kernels"] = m.kernels
+        prompt = m.tokenize(PROMPT, add_special=True, parse_special=False)
+        for name, shapes in PATTERNS.items():
+            m.reset()
+            m.prefill(prompt[:-1])
+            C.llama_perf_context_reset(m._ctx)
+            nxt, seconds = prompt[-1], {n: [] for n in shapes}
+            for i in range(8 + steps):
+                n = shapes[i % len(shapes)]
+                # the pending token and n - 1 more (as drafts would be: here the same token again, all rejected)
+                t0 = time.perf_counter()
+                tops = m.decode_argmax([nxt] * n, n)
+                if i >= 8:
+                    seconds[n].append(time.perf_counter() - t0)
+                if tops is None:
+                    raise SystemExit(f"graph_shapes: {target}: a row was not finite")
+                m.rollback(len(m.tokens) - n + 1)  # keep the pending token, as a step that accepted no draft
+                nxt = tops[0]
+                if len(m.tokens) + 8 >= m.n_ctx:
+                    m.rollback(len(prompt) - 1)
+            out["patterns"][name] = {str(n): round(statistics.median(t) * 1000, 4) for n, t in seconds.items()}
+            # llama.cpp's own graph reuse (host side: the graph built again on a change of shape)
+            out["patterns"][name]["reused"] = C.llama_perf_context(m._ctx).n_reused
+            out["patterns"][name]["calls"] = 8 + steps
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        print(json.dumps(measure(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+        return
+    if len(sys.argv) < 3:
+        raise SystemExit(__doc__)
+    out_path, target = sys.argv[1], sys.argv[2]
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else os.cpu_count() or 1
+    runs: dict[str, Any] = {}
+    for label, off in (("graphs", False), ("no graphs", True), ("graphs again", False)):  # A B A: drift shows
+        env = dict(os.environ)
+        env.pop("GGML_CUDA_DISABLE_GRAPHS", None)
+        if off:
+            env["GGML_CUDA_DISABLE_GRAPHS"] = "1"
+        proc = subprocess.run([sys.executable, __file__, CHILD, target, str(steps), str(threads)], env=env,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        if proc.returncode != 0:
+            raise SystemExit(f"graph_shapes ({label}): {proc.stderr.strip().splitlines()[-1:]}")
+        runs[label] = json.loads(proc.stdout.strip().splitlines()[-1])
+    table: dict[str, Any] = {}
+    for name, shapes in PATTERNS.items():
+        table[name] = {}
+        for n in map(str, shapes):
+            on = [runs[k]["patterns"][name][n] for k in ("graphs", "graphs again")]
+            off = runs["no graphs"]["patterns"][name][n]
+            ratio = round(off / statistics.mean(on), 4)
+            table[name][n] = {"ms_graphs": on, "ms_no_graphs": off, "off_over_on": ratio}
+            print(f"{name:9s} {n}-token calls: with graphs {on[0]:.3f} / {on[1]:.3f} ms, without {off:.3f}: {ratio:.3f}x")
+        p = runs["graphs"]["patterns"][name]
+        table[name]["graph_reused"] = f"{p['reused']}/{p['calls']}"
+        print(f"{name:9s} llama.cpp reused its graph in {p['reused']} of {p['calls']} calls")
+    result = {"target": os.path.basename(target), "gpu": runs["graphs"]["gpu"], "kernels": runs["graphs"]["kernels"],
+              "steps": steps, "patterns": table}  # fmt: skip
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
