@@ -138,7 +138,8 @@ def main() -> None:
     args = ap.parse_args()
     paths = ["", NUMPY] if args.numpy_too else [""]
     runs: dict[str, list[dict[str, float]]] = {name + path: [] for name in CONFIGS for path in paths}
-    with api.load(args.target or args.pair, args.draft, n_threads=args.threads, drafter="model") as spec:
+    with api.load(args.target, args.draft, pair=None if args.target else args.pair, n_threads=args.threads,
+                  drafter="model") as spec:
         spec.remember = False
         spec.generate(PROMPTS[0], max_tokens=16)  # warm-up: first decodes, threads started
         native = {m: m._native for m in (spec.target, spec.draft) if m is not None}
