@@ -37,6 +37,7 @@ from specdec_cli.engine.batch.plan import Choice, Planner
 from specdec_cli.engine.batch.pricing import filled, ubatch_sizes
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, SeqView, Slot
+from specdec_cli.engine.drafters import NO_DRAFT
 from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.estimates import MIN_GAIN, Acceptance, BatchCosts
 from specdec_cli.engine.events import Step
@@ -527,6 +528,7 @@ def test_concurrent_greedy_requests_match_their_solo_runs(solo: api.Speculator, 
         assert sum(g.stats.drafted for g in got) > 0
     if drafter == "none":
         assert all(g.stats.drafted == 0 for g in got)
+    assert NO_DRAFT.tokens == [] and NO_DRAFT.dists == []  # the shared plain-step proposal: read, never changed
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from functools import partial
 import numpy as np
 
 from specdec_cli.engine import native
-from specdec_cli.engine.drafters import Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
+from specdec_cli.engine.drafters import NO_DRAFT, Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
 from specdec_cli.engine.protocol import LanguageModel
@@ -154,7 +154,7 @@ class SpeculativeGenerator:
                 return
             k = max(0, min(cfg.k_max, room - 1, cfg.max_tokens - len(res.token_ids) - 1))
 
-            proposal = Proposal()
+            proposal = NO_DRAFT
             t_draft = t_sample = 0.0
             drafter = self.drafter
             if drafter is not None and k > 0:

@@ -9,7 +9,7 @@ from typing import Any
 
 from specdec_cli.engine.batch.plan import Choice, Planner
 from specdec_cli.engine.batch.slots import Slot
-from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, Proposal, pick
+from specdec_cli.engine.drafters import NO_DRAFT, DraftRequest, DraftUnusable, Proposal, pick
 from specdec_cli.engine.events import DrafterDropped
 from specdec_cli.engine.protocol import LoadedModel
 from specdec_cli.engine.sampling import Dist
@@ -25,7 +25,7 @@ def draft_rounds(draft: LoadedModel | None, planner: Planner, gen: list[Slot], c
         c = choices.get(s.seq)
         assert s.job is not None
         if c is None or c.n == 0:
-            s.proposal = Proposal()
+            s.proposal = NO_DRAFT
         elif c.source in (NGRAM, HEADS):
             s.proposal = dataclasses.replace(s.lookup.cut(c.n), k=c.n)
         else:
@@ -73,7 +73,7 @@ def draft_rounds(draft: LoadedModel | None, planner: Planner, gen: list[Slot], c
             assert s.job is not None
             rest = "the n-gram lookup goes on alone" if s.job.kind == AUTO else "speculation is off"
             s.job.put(DrafterDropped(f"{exc}: {rest} for the rest of this run"))
-            s.proposal = Proposal()
+            s.proposal = NO_DRAFT
         return draft.decode_seconds - td0
     for s in drafting:
         s.proposal = Proposal(toks[s.seq], dists[s.seq], want[s.seq], MODEL)

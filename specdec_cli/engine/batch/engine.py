@@ -41,7 +41,7 @@ from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.prompt_cache import PromptCache
 from specdec_cli.engine.batch.slots import END, BatchJob, SeqView, Slot
-from specdec_cli.engine.drafters import NgramDrafter, Proposal
+from specdec_cli.engine.drafters import NO_DRAFT, NgramDrafter
 from specdec_cli.engine.drafters.auto import AutoState
 from specdec_cli.engine.drafters.gate import ShadowScore
 from specdec_cli.engine.drafters.medusa import HeadsDrafter
@@ -55,9 +55,6 @@ from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import InternalError, SpecdecError
 
 __all__ = ["BatchEngine", "BatchJob", "SeqView"]
-
-_PLAIN = Proposal()  # no drafts: a plain step's proposal (read, never changed)
-
 
 class BatchEngine:
     """Owns both models (opened with `n_seq` = slots) and a thread that steps every active job together."""
@@ -292,7 +289,7 @@ class BatchEngine:
                 s.job.result.prefill = Prefill(len(s.job.prompt), s.t_prefill, 0.0)
                 s.job.put(s.job.result.prefill)
                 s.context = list(s.job.prompt)
-                s.proposal = Proposal()
+                s.proposal = NO_DRAFT
                 gen.append(s)
         # ---- verify each generating slot as a solo run would
         emitted = 0
@@ -343,7 +340,7 @@ class BatchEngine:
         counts = [0] * len(self.slots)
         parts: dict[int, tuple[list[int], int, int]] = {}
         for s in gen:
-            s.proposal = _PLAIN
+            s.proposal = NO_DRAFT
             parts[s.seq], counts[s.seq] = ([s.context[-1]], 1, 0), 1
         fill = self._fill(parts, counts, gen, self.budget - len(gen)) if len(gen) > 1 else {}
         ordered = sorted(parts)

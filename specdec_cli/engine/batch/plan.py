@@ -25,7 +25,7 @@ from specdec_cli.engine.batch.occupancy import Occupancy
 from specdec_cli.engine.batch.pricing import Choice, batch_cost, fair_tokens, filled
 from specdec_cli.engine.batch.realized import Realized
 from specdec_cli.engine.batch.slots import BatchJob, Slot
-from specdec_cli.engine.drafters import DraftRequest, Proposal
+from specdec_cli.engine.drafters import NO_DRAFT, DraftRequest
 from specdec_cli.engine.drafters.auto import AutoState, heads_wait
 from specdec_cli.engine.estimates import MIN_GAIN, BatchCosts, best_length, perfect_speedup
 from specdec_cli.engine.protocol import LoadedModel
@@ -140,7 +140,7 @@ class Planner:
         caps = {s.seq: self._cap(s) for s in gen}
         for s in gen:
             assert s.job is not None and s.gen is not None
-            s.proposal = s.lookup = Proposal()
+            s.proposal = s.lookup = NO_DRAFT
             s.lookup_acc = s.shadow.acceptance
             if s.job.kind in (AUTO, NGRAM) and caps[s.seq]:
                 req = DraftRequest(s.context, caps[s.seq], s.job.config.sampler, s.gen.rng, s.gen.eog)

@@ -7,9 +7,9 @@ them and plain decodes from measured costs, `policies` the wrappers (adaptive K,
 gate for a free drafter). The common names are importable from here.
 """
 
-from specdec_cli.engine.drafters.base import Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
+from specdec_cli.engine.drafters.base import NO_DRAFT, Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.drafters.model import ModelDrafter, check_finite, pick
 from specdec_cli.engine.drafters.ngram import NgramDrafter
 
-__all__ = ["DraftRequest", "DraftUnusable", "Drafter", "ModelDrafter", "NgramDrafter", "Outcome", "Proposal",
-           "check_finite", "pick"]
+__all__ = ["NO_DRAFT", "DraftRequest", "DraftUnusable", "Drafter", "ModelDrafter", "NgramDrafter", "Outcome",
+           "Proposal", "check_finite", "pick"]

@@ -34,7 +34,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specdec_cli.engine.drafters import DraftRequest, DraftUnusable, ModelDrafter, NgramDrafter, Outcome, Proposal
+from specdec_cli.engine.drafters import (
+    NO_DRAFT,
+    DraftRequest,
+    DraftUnusable,
+    ModelDrafter,
+    NgramDrafter,
+    Outcome,
+    Proposal,
+)
 from specdec_cli.engine.drafters.cross import CrossDrafter
 from specdec_cli.engine.drafters.gate import ShadowScore
 from specdec_cli.engine.drafters.medusa import HeadsDrafter
@@ -242,10 +250,10 @@ class AutoDrafter:
         keep their time under SHADOW_SHARE (always, for a seeded sampled run: no timings decide it)."""
         h, s = self.heads, self.state
         if h is None or not h.ready(len(req.context)):
-            return Proposal()
+            return NO_DRAFT
         if self._heads_wait > 0 and s.learn_costs and not s.heads_chosen:
             self._heads_wait -= 1
-            return Proposal()
+            return NO_DRAFT
         hd = h.propose(dataclasses.replace(req, k=min(req.k, h.heads.n_heads)))
         if s.learn_costs:
             s.heads_seconds = s.heads_samples.add(h.head_seconds)
