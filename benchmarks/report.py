@@ -214,9 +214,9 @@ def serve_request_host(name: str, base: str = "results/") -> str:
     header = ["clients", *(f"{label}: request host time of TTFT" for label in labels)]
     note = ("Median over every request: its time to first token less the prompt's decode time the server reports "
             "(`timings.prompt_ms`; in process, the prefill's): HTTP, the chat template, tokenization, admission, the "
-            "stream's start, as each server counts its prompt. specdec's prompt time covers the prompt but its last "
-            "token, which its first step decodes (that decode gives the first token, drafts or not): its figure holds "
-            "one decode of a token more than llama-server's, whose prompt time covers every prompt token.")  # fmt: skip
+            "stream's start, as each server counts its prompt: every prompt token in llama-server's and in specdec's "
+            "batch engine (`--parallel` 2 or more, its default 4); with `--parallel 1` specdec counts the prompt but "
+            "its last token, which its first step decodes, so its figure there holds one more token's decode.")  # fmt: skip
     return render(data, name, table(header, rows) + "\n\n" + note, base, data["settings"]["rounds"])
 
 
