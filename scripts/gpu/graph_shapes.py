@@ -1,6 +1,6 @@
 """Whether llama.cpp's CUDA graphs survive specdec's batch shapes, for scripts/gpu-check.sh.
 
-    python scripts/gpu/graph_shapes.py OUT.json TARGET.gguf [STEPS] [THREADS]
+    python scripts/gpu/graph_shapes.py OUT.json TARGET.gguf [STEPS] [THREADS (0: specdec's default)]
 
 llama.cpp captures a decode's CUDA graph and replays it while the graph's shape stays the same; a decode of
 another shape resets it (it runs without a graph until two calls in a row agree again). specdec's target
@@ -45,7 +45,8 @@ def measure(target: str, steps: int, threads: int) -> dict[str, Any]:
 
     gpu = bool(native.gpu_devices())
     out: dict[str, Any] = {"gpu": gpu, "patterns": {}}
-    with Model(target, n_ctx=4096, n_threads=threads, n_gpu_layers=kernels.ALL_LAYERS if gpu else 0) as m:
+    # threads 0: specdec's own default, as gpu-check's runs use it (its kernel probe's verdict is kept per thread count)
+    with Model(target, n_ctx=4096, n_threads=threads or None, n_gpu_layers=kernels.ALL_LAYERS if gpu else 0) as m:
         out["kernels"] = m.kernels
         prompt = m.tokenize(PROMPT, add_special=True, parse_special=False)
         for name, shapes in PATTERNS.items():
@@ -81,7 +82,7 @@ def main() -> None:
         raise SystemExit(__doc__)
     out_path, target = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 64
-    threads = int(sys.argv[4]) if len(sys.argv) > 4 else os.cpu_count() or 1
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     runs: dict[str, Any] = {}
     for label, off in (("graphs", False), ("no graphs", True), ("graphs again", False)):  # A B A: drift shows
         env = dict(os.environ)
