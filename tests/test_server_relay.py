@@ -261,3 +261,58 @@ def test_a_steps_tokens_reach_the_request_in_one_update_a_chunk_each() -> None:
     relay.event(step("a", "b", "", "c"))  # the third token completes no text (half a character)
     relay.event(step("d", "ST", "OP", "e"))  # a stop string, across two tokens
     assert got == [Delta(("a", "b", "c"), 4), Delta(("d",), 5)] and job.cancel.is_set()
+
+
+def test_a_streams_first_text_waits_for_its_write_once_and_a_whole_answer_never() -> None:
+    """On two cores that both decode, the event loop's thread waited a whole decode for a core before writing a
+    stream's first token: the relaying thread now waits for the write (`Job.first_written`), once, on the first
+    text, at most FIRST_CHUNK_WAIT_SECONDS; an answer read whole does not wait."""
+    from types import SimpleNamespace
+
+    from specdec_cli.engine.events import TARGET, EmittedToken
+    from specdec_cli.server import worker
+
+    class Recording(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: list[float | None] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            return super().wait(0)
+
+    def step(text: str) -> Step:
+        return Step(0, 0, (), 0, (EmittedToken(1, text, TARGET),), 0.0, 0.0, 0.0, 0.0)
+
+    for stream, waits in ((True, [worker.FIRST_CHUNK_WAIT_SECONDS]), (False, [])):
+        job = worker.Job(prompt="p", options=GenerateOptions(), stops=[], emit=lambda u: None, stream=stream)
+        job.first_written = Recording()
+        relay = worker._Relay(SimpleNamespace(on_step=None), job, None)  # type: ignore[arg-type]
+        relay.event(step(""))  # no text yet (half a character): nothing sent, nothing waited for
+        for text in "abc":
+            relay.event(step(text))
+        assert job.first_written.waits == waits
+
+
+def test_the_server_says_when_a_streams_first_text_is_written(par: api.Speculator,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Served (ASGI, the batch engine's relay) with the engine's wait for the first chunk made a minute long, a
+    stream and a whole answer still end at once: the server sets `first_written` once the stream's first text is
+    written, and an answer read whole has nothing to wait for."""
+    from specdec_cli.server import worker
+
+    monkeypatch.setattr(worker, "FIRST_CHUNK_WAIT_SECONDS", 60.0)
+    server = Server(par, ServerSettings("fake-pair", GenerateOptions(max_tokens=16)))
+
+    async def go(http: httpx.AsyncClient) -> list[tuple[int, float]]:
+        out = []
+        for stream in (True, False):
+            body = {"messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 16, "stream": stream}
+            t0 = time.perf_counter()
+            r = await asyncio.wait_for(http.post("/v1/chat/completions", json=body), 20)
+            out.append((r.status_code, time.perf_counter() - t0))
+        return out
+
+    results = in_process(server, go)
+    assert [status for status, _ in results] == [200, 200]
+    assert all(seconds < 20 for _, seconds in results), results

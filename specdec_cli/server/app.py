@@ -220,7 +220,8 @@ class Server:
                 job.cancel.set()  # a no-op after Done; stops the generation when the client went away
                 self._finish(record, record.status or CLIENT_GONE)
 
-            return EventStream(self._stream(events, first, shape, include_usage, record), closed, ping=PING_SECONDS,
+            return EventStream(self._stream(events, first, shape, include_usage, record, job.first_written.set), closed,
+                               ping=PING_SECONDS,
                                finish=job.cancel.set, open_streams=self._streams)  # fmt: skip
         ev = first
         try:
@@ -250,9 +251,10 @@ class Server:
             except TimeoutError:
                 pass
 
-    async def _stream(self, events: asyncio.Queue[Delta | Done | Failed], first: Any, shape: Shape,
-                      include_usage: bool, record: Record) -> AsyncIterator[list[str]]:  # fmt: skip
-        """The stream's events, as lists of payloads: what is ready together goes out in one write."""
+    async def _stream(self, events: asyncio.Queue[Delta | Done | Failed], first: Any, shape: Shape, include_usage: bool,
+                      record: Record, written: Callable[[], None] | None) -> AsyncIterator[list[str]]:  # fmt: skip
+        """The stream's events, as lists of payloads: what is ready together goes out in one write. `written()` once
+        the first text is written (the engine waits for it: worker.py's FIRST_CHUNK_WAIT_SECONDS)."""
         opening = shape.opening()
         out = [] if opening is None else [opening]
         ev = first
@@ -269,8 +271,11 @@ class Server:
             record.tokens = ev.tokens
             if events.empty():
                 if out:
-                    yield out
+                    yield out  # resumed once it is written
                     out = []
+                    if written is not None:
+                        written()
+                        written = None
                 ev = await events.get()
             else:
                 ev = events.get_nowait()

@@ -34,6 +34,12 @@ class QueueFull(Exception):
     pass
 
 
+# A stream's first token goes out before the engine decodes on: the relaying thread waits this long at most for the
+# event loop to write the first chunk (`Job.first_written`). On two cores that both decode, the event loop's thread
+# (and then the client) otherwise wait for a core until the next decode ends: the first token came a decode late.
+FIRST_CHUNK_WAIT_SECONDS = 0.003
+
+
 @dataclass(frozen=True)
 class Delta:
     """New text: a piece per token that completed some (a stream's chunk each), those of one step together
@@ -73,6 +79,7 @@ class Job:
     chat: bool = True
     stream: bool = True  # text is sent as it comes (Deltas); else only the end
     cancel: threading.Event = field(default_factory=threading.Event)
+    first_written: threading.Event = field(default_factory=threading.Event)  # set by the server (FIRST_CHUNK_WAIT)
     submitted: float = field(default_factory=time.perf_counter)
     n_prompt: int | None = None  # set once the prompt is tokenized
 
@@ -190,6 +197,8 @@ class _Relay:
                 behind = self.n_tokens
         if texts and (job.stream or not self.sent):
             job.emit(Delta(tuple(texts), behind))
+            if not self.sent and job.stream:  # the stream's first token: out before the next decode
+                job.first_written.wait(FIRST_CHUNK_WAIT_SECONDS)
             self.sent = True
         if stops.stopped:
             job.cancel.set()
