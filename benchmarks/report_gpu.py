@@ -179,8 +179,36 @@ def host_time(name: str, base: str = "results/") -> str:
     out = table(["greedy, 8B-shaped Q4_0 on the GPU", "host per step", "inside llama_decode", "tokens/s"],
                 [[k, f"{v['host_ms_per_step']:.3f} ms", f"{v['decode_ms_per_step']:.2f} ms", f1(v["tokens_per_second"])]
                  for k, v in medians.items()])  # fmt: skip
+    tools = ht.get("llama_cpp") or {}
+    versus = [(config, tool, tools.get(tool)) for config, tool in (("target alone", "llama-bench tokens/s"),
+                                                                   ("model:4", "llama-speculative-simple K=4 tokens/s"))
+              if config in medians and tools.get(tool)]  # fmt: skip
+    if versus:  # the same run's llama.cpp programs, same models, kernels and K (host_time's --llama-cpp-bin)
+        out += "\n\n" + table(["specdec", "tokens/s", "llama.cpp, same models and kernels", "tokens/s", "specdec / llama.cpp"],
+                              [[c, f1(medians[c]["tokens_per_second"]), t.removesuffix(" tokens/s"), f1(v),
+                                ratio(medians[c]["tokens_per_second"] / v)] for c, t, v in versus])  # fmt: skip
     parts = (ht.get("parts") or {}).get("us_per_step") or {}
     if parts:
         out += "\n\n" + table(["a model:4 step's host time, part by part", "per step"],
                               [[k, f"{v:.1f} us"] for k, v in parts.items()])  # fmt: skip
     return out + "\n\n" + caption(data, name, base)
+
+
+def graph_shapes(name: str, base: str = "results/") -> str:
+    """scripts/gpu/graph_shapes.py inside the check: the target's decode time per call at steady and alternating
+    batch shapes, with llama.cpp's CUDA graphs (two runs, A B A) and without, and how often llama.cpp reused its
+    graph."""
+    data = load(name)
+    gs = data.get("graph_shapes") or {}
+    if not gs.get("patterns"):
+        return "*CUDA graphs across batch shapes were not measured in this run.*"
+    rows = []
+    for pattern, shapes in gs["patterns"].items():
+        for n, r in shapes.items():
+            if isinstance(r, dict):
+                rows.append([pattern, n, " / ".join(f"{x:.2f} ms" for x in r["ms_graphs"]), f"{r['ms_no_graphs']:.2f} ms",
+                             ratio(r["off_over_on"]), shapes.get("graph_reused", "-")])  # fmt: skip
+    return (table([f"target {gs.get('target')}: pattern", "tokens a call", "a call, CUDA graphs (A, A)", "without",
+                   "without / with", "llama.cpp's graph reused"], rows)
+            + f"\n\n{gs.get('steps')} calls a pattern after 8 warm-up calls, medians per shape.\n\n"
+            + caption(data, name, base))  # fmt: skip
