@@ -29,21 +29,8 @@ from benchmarks import record
 from benchmarks.record import pair_files
 
 MODES = ("none", "thread", "process")
-BURNER = r"""
-import os, sys, time
-burn = float(sys.argv[1]) / 1e6
-while True:
-    got = os.read(0, 256)
-    if not got:
-        break
-    for _ in got:
-        t = time.perf_counter()
-        while time.perf_counter() - t < burn:
-            pass
-"""
-
-
-def _burn_thread(fd: int, seconds: float) -> None:
+def burn(fd: int, seconds: float) -> None:
+    """The helper: for each byte read from `fd`, work `seconds` (a busy loop), until the writer closes it."""
     while got := os.read(fd, 256):
         for _ in got:
             t = time.perf_counter()
@@ -95,8 +82,9 @@ def main() -> None:
 
     target, _ = pair_files(args.pair)
     read_fd, write_fd = os.pipe()
-    threading.Thread(target=_burn_thread, args=(read_fd, args.burn / 1e6), daemon=True).start()
-    child = subprocess.Popen([sys.executable, "-c", BURNER, str(args.burn)], stdin=subprocess.PIPE)
+    threading.Thread(target=burn, args=(read_fd, args.burn / 1e6), daemon=True).start()
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from benchmarks.step_wake import burn; "
+                              "burn(0, float(sys.argv[1]))", str(args.burn / 1e6)], stdin=subprocess.PIPE)  # fmt: skip
     assert child.stdin is not None
     fds = {"none": None, "thread": write_fd, "process": child.stdin.fileno()}
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
