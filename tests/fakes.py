@@ -60,6 +60,7 @@ class FakeModel:
         self.hidden_on = False
         self.hidden_calls = 0  # decodes made with hidden states on
         self.argmax_calls = 0  # decodes whose rows were reduced to their argmax (decode_argmax)
+        self.next_calls = 0  # one sequence's next token alone (decode_next: the batch engine's plain step)
         self._last_hidden = np.zeros((0, self.n_embd), np.float32)
 
     # ------------------------------------------------------------ the model
@@ -280,6 +281,10 @@ class FakeGGUF(FakeModel):
             self.hidden_calls -= len(hidden) - 1
             self._last_hidden = np.concatenate(hidden) if hidden else np.zeros((0, self.n_embd), np.float32)
         return out
+
+    def decode_next(self, seq: int, token: int) -> list[int] | None:
+        self.next_calls += 1
+        return self.decode_many([(seq, [token], 1, 0)], (seq,))[0]
 
     def rollback(self, n_keep: int, seq: int = 0) -> None:
         del self.seq_tokens[seq][n_keep:]

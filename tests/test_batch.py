@@ -893,8 +893,15 @@ def test_requests_that_never_draft_step_as_solo_runs_without_the_planner(monkeyp
         ref = [solo.generate(p, max_tokens=30, **k) for p in prompts for k in kw]
         ref_ngram = solo.generate(prompts[1], max_tokens=30, drafter="ngram")
     with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="none") as par:
-        got = [par.generate(p, max_tokens=30, **k) for p in prompts for k in kw]
+        got, nexts = [], []
+        for p in prompts:
+            for k in kw:
+                n0 = par.target.next_calls
+                got.append(par.generate(p, max_tokens=30, **k))
+                nexts.append(par.target.next_calls - n0)
         assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+        # alone, a greedy request's every step after its prompt's is one `decode_next`; a sampled one's never
+        assert nexts[1::2] == [0, 0] and all(n >= len(g.token_ids) - 1 for n, g in zip(nexts[::2], got[::2], strict=True))
         assert all(g.stats.steps == len(g.token_ids) for g in got)  # one token a step: plain steps
         assert not planned or max(planned) == 0  # prompts' steps only: the planner never saw a generating slot
         asked = itertools.count()  # cancelled from the engine's sixth look at it on

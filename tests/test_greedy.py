@@ -17,7 +17,7 @@ from specdec_cli.engine import greedy
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.native import bindings
 from specdec_cli.engine.protocol import argmax_rows, chain_by_steps
-from specdec_cli.errors import UsageError
+from specdec_cli.errors import ContextError, UsageError
 from tests.conftest import THREADS
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs into the forest where"
@@ -110,6 +110,35 @@ def test_each_greedy_part_of_a_batch_gets_numpys_argmaxes(smol_path: Path) -> No
         assert a.seq_tokens == b.seq_tokens
 
 
+def test_one_sequences_next_token_is_numpys_argmax_and_goes_where_decode_many_puts_it(smol_path: Path) -> None:
+    """`decode_next` (the batch engine's plain step at one slot) on sequence 1 of three, after sequence 0 wrote the
+    batch's first row in C: numpy's argmax of the token's logits, the token held by that sequence alone, the
+    others' caches untouched (each decodes on as the numpy path's)."""
+    with (Model(smol_path, n_ctx=256, n_threads=THREADS, n_seq=3) as a,
+          Model(smol_path, n_ctx=256, n_threads=THREADS, n_seq=3) as b):  # fmt: skip
+        b._native = None
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+        for m in (a, b):
+            m.decode_many([(0, ids[:4], 1, 0), (1, ids[:6], 1, 0)], greedy={0, 1})
+            m.decode_argmax(ids[4:5])  # sequence 0's row written in C (`claimed`)
+        tok = ids[6]
+        for _ in range(4):
+            got, want = a.decode_next(1, tok), b.decode_many([(1, [tok], 1, 0)], greedy={1})[0]
+            assert got == want and got is not None and len(got) == 1
+            tok = got[0]
+        assert a.seq_tokens == b.seq_tokens and a.seq_tokens[2] == []
+        assert a.decode_many([(0, ids[5:6], 1, 0)], greedy={0}) == b.decode_many([(0, ids[5:6], 1, 0)], greedy={0})
+
+
+def test_the_next_token_past_the_context_is_a_context_error(smol_path: Path) -> None:
+    with Model(smol_path, n_ctx=256, n_threads=THREADS, n_seq=2) as m:
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        m.decode_many([(1, (ids * 20)[: m.n_ctx], 1, 0)])
+        with pytest.raises(ContextError):
+            m.decode_next(1, ids[0])
+        assert len(m.seq_tokens[1]) == m.n_ctx
+
+
 def test_the_chain_stops_where_the_context_does(smol_path: Path) -> None:
     with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
         ids = m.tokenize(TEXT, add_special=True, parse_special=False)
@@ -132,6 +161,7 @@ def test_a_row_that_is_not_finite_is_no_token_and_is_not_kept(corrupt_draft_path
         assert m.tokens == ids and int(m._C.llama_memory_seq_pos_max(m._mem, 0)) == len(ids) - 1
     with Model(corrupt_draft_path, n_ctx=256, n_threads=THREADS, n_seq=2) as m:  # a batch's greedy part
         assert m.decode_many([(0, ids, 1, 0), (1, ids[:3], 1, 0)], greedy={0, 1}) == [None, None]
+        assert m.decode_next(1, ids[3]) is None and m.seq_tokens[1] == ids[:4]  # decode_many's None, the token held
 
 
 def test_rows_the_loop_wrote_keep_their_sequence_ids_right(smol_path: Path) -> None:

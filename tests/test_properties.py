@@ -232,3 +232,28 @@ def test_first_difference_finds_the_first_differing_index(a: list[int], data: st
     tail = data.draw(st.lists(st.integers(0, 3), min_size=len(a) - i - 1, max_size=len(a) - i - 1))
     b = [*a[:i], a[i] + 1, *tail]
     assert first_difference(a, b, len(a)) == i == first_difference(b, a, len(a))
+
+
+class LogitsTarget(FakeModel):
+    """Greedy's rows handed to the verifier as logits (its general path), not as argmaxes."""
+
+    def decode_argmax(self, tokens: list[int], n_logits: int = 1) -> object:  # type: ignore[override]
+        return self.decode(tokens, n_logits)
+
+
+@pytest.mark.parametrize(("seed", "max_tokens", "eos_at"), [(5, 12, None), (5, 12, 6), (3, 1, None), (7, 30, 0)])
+def test_a_plain_greedy_steps_short_way_records_what_verification_records(seed: int, max_tokens: int,
+                                                                         eos_at: int | None) -> None:  # fmt: skip
+    """Plain greedy steps (no drafts, the argmaxes given) are verified without comparing or rolling back
+    (`SpeculativeGenerator._plain`): the same tokens, steps, stops and cache as the general verification of the
+    same rows' logits, whether the run ends on the length, on the end token, or at once."""
+    out, _ = greedy_reference(FakeModel(V, 64, seed=seed), [1, 2], max_tokens)
+    eog = [] if eos_at is None else [out[eos_at]]
+    runs = []
+    for cls in (FakeModel, LogitsTarget):
+        target = cls(V, 64, seed=seed, eog=eog)
+        gen = SpeculativeGenerator(target, None, [1, 2], GenerateOptions(adaptive=False, max_tokens=max_tokens))
+        steps = [(e.index, e.k, e.drafted, e.n_accepted, e.emitted, e.stop, e.drafter, e.t_draft)
+                 for e in gen.events() if hasattr(e, "emitted")]  # fmt: skip
+        runs.append((steps, gen.result.token_ids, gen.result.text, gen.result.stop_reason, target.tokens))
+    assert runs[0] == runs[1] and runs[0][0]

@@ -104,6 +104,13 @@ class NativeGreedy:
                             self._seconds_p)  # fmt: skip
         return (self._out[: len(rows)] if ret == 0 else []), ret
 
+    def last(self, batch: LlamaBatch, n_tokens: int, sampled: bool) -> tuple[int, int]:
+        """`rows(batch, n_tokens, [-1], [sampled])` without lists: the last output row's greedy token, and
+        llama_decode's return (the batch engine's plain step at one slot, `GreedyMethods.decode_next`)."""
+        self._in[0], self._sampled[0] = -1, sampled
+        ret = self._rows_fn(self._ctx_p, batch.handle, n_tokens, self._in, self._sampled, 1, self._out, self._seconds_p)
+        return self._out[0], ret
+
     def chain(
         self, batch: LlamaBatch, first: Sequence[int], held: list[int], k: int, sampled: bool, stop: frozenset[int]
     ) -> tuple[list[int], int]:
@@ -157,6 +164,8 @@ class GreedyMethods:
 
         def _failed(self, ret: int, seqs: tuple[int, ...]) -> None: ...
 
+        def decode_many(self, parts: Sequence[Any], greedy: Any = ()) -> list[Any]: ...
+
     def _in_c(self, call: Callable[..., T], *args: Any) -> T:
         """`call(*args)`, one of `NativeGreedy`'s calls, as `_run_batch` makes llama_decode's: this model's kernels
         switched on, its seconds inside llama_decode counted, the cache's pending moves applied."""
@@ -181,6 +190,29 @@ class GreedyMethods:
             self._failed(ret, seqs)
         self.decoded_tokens += n_tokens
         return tokens
+
+    def decode_next(self, seq: int, token: int) -> list[int] | None:
+        """`decode_many([(seq, [token], 1, 0)], {seq})[0]` without its generality: one sequence's next token in the
+        batch, decoded, and its greedy token out of the same call (`NativeGreedy.last`), the graph's where its
+        sampler is attached. The batch engine's plain step at one slot, where the host's part of a step shows most
+        (a third of it went to `decode_many`'s lists and loops for its one part)."""
+        g = self._native
+        if g is None or self.hidden_on:
+            return self.decode_many([(seq, (token,), 1, 0)], (seq,))[0]
+        self._context()
+        held = self.seq_tokens[seq]
+        self._check_room(seq, 1)
+        self._batch.fill(0, seq, len(held), (token,), 1, 0, False)
+        a = self._argmax
+        sampled = a is not None and seq in a.prepare((seq,), (seq,), self._logits_seen)
+        got, ret = self._in_c(g.last, self._batch, 1, sampled)
+        if a is not None:
+            a.decoded()
+        if ret != 0:
+            self._failed(ret, (seq,))
+        self.decoded_tokens += 1
+        held.append(token)
+        return self._greedy_rows([got])
 
     def _greedy_rows(self, got: list[int]) -> list[int] | None:
         """A part's tokens out of `_decode_rows`: None where a row was not finite, as numpy's path gives."""

@@ -134,6 +134,11 @@ class LoadedModel(LanguageModel, Protocol):
         sequence in `greedy` their argmaxes (None: a row not finite); see `Model.decode_many`."""
         ...
 
+    def decode_next(self, seq: int, token: int) -> list[int] | None:
+        """`decode_many([(seq, [token], 1, 0)], {seq})[0]`: one sequence's next token, its greedy token out (the
+        batch engine's plain step at one slot); see `Model.decode_next`."""
+        ...
+
     def rollback(self, n_keep: int, seq: int = 0) -> None: ...
 
     def move_seq(self, src: int, dst: int) -> None:

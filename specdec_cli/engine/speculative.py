@@ -54,6 +54,9 @@ def _row_dist(rows: np.ndarray, sampler: SamplerSettings, i: int) -> Dist:
     return process(rows[i], sampler)
 
 
+PLAIN = (TARGET,)  # the source of a plain step's one token
+
+
 class SpeculativeGenerator:
     """Runs one generation; iterate `events()`, then read `result`."""
 
@@ -194,9 +197,11 @@ class SpeculativeGenerator:
         far). The batch engine (engine/batch/) verifies each of its sequences through this too."""
         t_step, t_draft, t_target, t_sample = times
         target, drafted = self.target, proposal.tokens
+        greedy = self.sampler.greedy
+        if not drafted and greedy and type(rows) is list:  # a plain greedy step (its token the target's)
+            return self._plain(index, context, proposal, rows[0], times), 0
         n_cached = len(context) - 1
         t0 = time.perf_counter()
-        greedy = self.sampler.greedy
         top: np.ndarray | list[int] | None = None
         if isinstance(rows, np.ndarray):  # greedy checks finiteness within its argmax
             top = finite_argmax(rows) if greedy else None
@@ -240,6 +245,31 @@ class SpeculativeGenerator:
         self.result.steps.append(step)
         return step, n_acc
 
+
+    def _plain(self, index: int, context: list[int], proposal: Proposal, token: int,
+               times: tuple[float, float, float, float]) -> Step:  # fmt: skip
+        """`verify` of a plain greedy step: no drafts to compare, nothing past the decoded token to roll back; its
+        one token emitted and the Step recorded as `verify` records it (a step's host time, every step of a
+        generation the target decodes alone: docs/design.md#host-time)."""
+        t_step, t_draft, t_target, t_sample = times
+        emitted, stop = self._emit((token,), PLAIN)
+        context.append(token)
+        step = Step(
+            index=index,
+            k=proposal.k,
+            drafted=(),
+            n_accepted=0,
+            emitted=tuple(emitted),
+            t_draft=t_draft,
+            t_target=t_target,
+            t_sample=t_sample,
+            t_other=max(0.0, time.perf_counter() - t_step - t_draft - t_target - t_sample),
+            stop=stop,
+            predicted_speedup=proposal.predicted_speedup,
+            note=proposal.note,
+        )
+        self.result.steps.append(step)
+        return step
 
 def prompt_fits(n_prompt: int, n_ctx: int) -> bool:
     """A prompt fits when it leaves the context room for at least one generated token."""

@@ -50,7 +50,7 @@ from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import Prefill, Step
 from specdec_cli.engine.heads import Heads
 from specdec_cli.engine.protocol import LoadedModel, Rows
-from specdec_cli.engine.settings import MODEL, NONE
+from specdec_cli.engine.settings import AUTO, MODEL, NGRAM, NONE
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import InternalError, SpecdecError
 
@@ -321,7 +321,8 @@ class BatchEngine:
             self._finish(s, error=exc)
             return None
         s.index += 1
-        s.shadow.score(s.context)
+        if s.job.kind in (AUTO, NGRAM):  # the kinds whose lookups are scored (plan.py)
+            s.shadow.score(s.context)
         s.job.put(step)
         if step.stop:
             s.job.result.stop_reason = step.stop
@@ -336,6 +337,9 @@ class BatchEngine:
         in one batch (fillers where they make it one pass), verified as a solo run's plain step, without the
         planner's drafting plans or their records. With one request at a time this is a solo run's step:
         where the engine's own time per step shows most (docs/design.md#host-time)."""
+        if len(gen) == 1 and gen[0].job is not None and gen[0].job.greedy:
+            self._plain_one(gen[0])
+            return
         t_step = time.perf_counter()
         counts = [0] * len(self.slots)
         parts: dict[int, tuple[list[int], int, int]] = {}
@@ -352,6 +356,20 @@ class BatchEngine:
         self._after_decode(parts, fill, t_target, 0)
         for s in gen:
             self._verify(s, by_seq[s.seq], (t_step, 0.0, t_target, 0.0))
+
+    def _plain_one(self, s: Slot) -> None:
+        """`_plain_step` for one greedy slot: its pending token's decode and greedy token in one call
+        (`decode_next`), nothing to fill, split or roll back; the step's cost and /metrics as `_after_decode`'s."""
+        t_step = time.perf_counter()
+        s.proposal = NO_DRAFT
+        target = self.target
+        tt0 = target.decode_seconds
+        top = target.decode_next(s.seq, s.context[-1])
+        t_target = target.decode_seconds - tt0
+        self.state.costs.observe(1, t_target)
+        if self.on_step is not None:
+            self.on_step(1, 1, 0)
+        self._verify(s, top, (t_step, 0.0, t_target, 0.0))
 
     def _fill(self, parts: dict[int, tuple[list[int], int, int]], counts: list[int], gen: list[Slot],
               room: int) -> dict[int, int]:  # fmt: skip
