@@ -12,8 +12,10 @@ the steps: everything done between two decodes, the argmaxes, the cache bookkeep
 parts the stats name (sampling: the drafts' and the verification's maths; other: the rest of a step) are shown
 beside it. With `--llama-cpp-bin`, `llama-speculative-simple` runs the same pair and K with the same kernels and
 GPU layers (`bench.external.target_kernels`), and `llama-bench -n N` gives llama.cpp's single-stream tokens/s, so
-each line has its llama.cpp counterpart in one run. A command, not a test: 2 cores time nothing while anything
-else runs.
+each line has its llama.cpp counterpart in one run: after each repeat's runs, so that a machine whose speed drifts
+(this project's do, by tens of percent) is compared with itself; `versus_llama_cpp` is the median over the repeats
+of specdec's tokens/s in that repeat over the program's. A command, not a test: 2 cores time nothing while
+anything else runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ PROMPTS = [
     "Describe a walk through a busy market in the morning.",
     "List ten ideas for a science fair project and explain each one.",
 ]
+COUNTERPARTS = {"target alone": "llama-bench tokens/s", "model:4": "llama-speculative-simple K=4 tokens/s"}
 NUMPY = " (numpy's path)"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
 CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
            "auto": {"drafter": "auto"}}
@@ -138,6 +141,8 @@ def main() -> None:
     args = ap.parse_args()
     paths = ["", NUMPY] if args.numpy_too else [""]
     runs: dict[str, list[dict[str, float]]] = {name + path: [] for name in CONFIGS for path in paths}
+    external_runs: list[dict[str, float]] = []  # llama.cpp's programs after each repeat
+    versus: dict[str, list[float]] = {}  # specdec's tokens/s over its llama.cpp counterpart's, per repeat
     with api.load(args.target, args.draft, pair=None if args.target else args.pair, n_threads=args.threads,
                   drafter="model") as spec:
         spec.remember = False
@@ -151,10 +156,17 @@ def main() -> None:
                         for m, calls in native.items():
                             m._native = None if path else calls
                         runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+            if args.llama_cpp_bin:
+                external_runs.append(llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads))
+                for config, tool in COUNTERPARTS.items():
+                    if tool in external_runs[-1]:
+                        ours = statistics.median(r["tokens_per_second"] for r in runs[config][-len(PROMPTS):])
+                        versus.setdefault(config, []).append(ours / external_runs[-1][tool])
         for m, calls in native.items():
             m._native = calls
         profile = parts(spec, args.n)
-        external = llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads) if args.llama_cpp_bin else {}
+        external = {tool: round(statistics.median(r[tool] for r in external_runs if tool in r), 1)
+                    for tool in COUNTERPARTS.values() if any(tool in r for r in external_runs)}  # fmt: skip
         files = {"target": spec.choice.target, "draft": spec.choice.draft}
     summary = {name: {k: round(statistics.median(r[k] for r in rs), 4) for k in rs[0]} for name, rs in runs.items()}
     ratios = {name: round(statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
@@ -168,12 +180,17 @@ def main() -> None:
         print(f"{name}: tokens/s on patch 0006's calls / on numpy's path, median of pairs run side by side: {ratio:.3f}")
     for name, value in external.items():
         print(f"{name}: {value:.1f}")
+    side = {config: {"beside": COUNTERPARTS[config], "median": round(statistics.median(r), 3),
+                     "repeats": [round(x, 3) for x in r]} for config, r in versus.items()}  # fmt: skip
+    for config, v in side.items():
+        print(f"{config} / {v['beside'].removesuffix(' tokens/s')}, median of the repeats: {v['median']:.3f} "
+              f"({', '.join(f'{x:.3f}' for x in v['repeats'])})")
     for label, us in profile["us_per_step"].items():
         print(f"model:4 part: {label}: {us:.1f} us/step")
     record.save(args, "host-time", threads=args.threads, models=files,
                 data={"settings": {"n": args.n, "repeats": args.repeats, "prompts": PROMPTS, "configs": CONFIGS},
-                      "medians": summary, "native_over_numpy": ratios, "llama_cpp": external, "parts": profile,
-                      "runs": runs})  # fmt: skip
+                      "medians": summary, "native_over_numpy": ratios, "llama_cpp": external, "versus_llama_cpp": side,
+                      "llama_cpp_runs": external_runs, "parts": profile, "runs": runs})  # fmt: skip
 
 
 if __name__ == "__main__":

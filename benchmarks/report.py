@@ -351,8 +351,11 @@ def host_time(name: str, base: str = "results/") -> str:
         out += "\n\n" + table(["greedy", "tokens/s, patch 0006's calls / numpy's path (median of pairs)"],
                               [[k, f"{v:.3f}x"] for k, v in data["native_over_numpy"].items()])  # fmt: skip
     if data.get("llama_cpp"):
-        out += "\n\n" + table(["llama.cpp, same model and kernels", "tokens/s"],
-                              [[k, f1(v)] for k, v in data["llama_cpp"].items()])  # fmt: skip
+        # the specdec line each program ran beside, and specdec / the program in each repeat (median, range)
+        side = {v["beside"]: (config, v["repeats"]) for config, v in (data.get("versus_llama_cpp") or {}).items()}
+        out += "\n\n" + table(["llama.cpp, same model and kernels", "tokens/s", "beside", "specdec / llama.cpp"],
+                              [[k, f1(v), side[k][0] if k in side else "", spread(side[k][1], ratio) if k in side else "-"]
+                               for k, v in data["llama_cpp"].items()])  # fmt: skip
     if data.get("parts"):
         out += "\n\n" + table(["a model:4 step's host time, part by part (inclusive, timing wrappers included)",
                                "per step"], [[k, f"{v:.1f} us"] for k, v in data["parts"]["us_per_step"].items()])  # fmt: skip

@@ -183,10 +183,12 @@ def host_time(name: str, base: str = "results/") -> str:
     versus = [(config, tool, tools.get(tool)) for config, tool in (("target alone", "llama-bench tokens/s"),
                                                                    ("model:4", "llama-speculative-simple K=4 tokens/s"))
               if config in medians and tools.get(tool)]  # fmt: skip
+    side = ht.get("versus_llama_cpp") or {}  # each repeat's own ratio, where the run recorded them
     if versus:  # the same run's llama.cpp programs, same models, kernels and K (host_time's --llama-cpp-bin)
         out += "\n\n" + table(["specdec", "tokens/s", "llama.cpp, same models and kernels", "tokens/s", "specdec / llama.cpp"],
                               [[c, f1(medians[c]["tokens_per_second"]), t.removesuffix(" tokens/s"), f1(v),
-                                ratio(medians[c]["tokens_per_second"] / v)] for c, t, v in versus])  # fmt: skip
+                                ratio(side[c]["median"] if c in side else medians[c]["tokens_per_second"] / v)]
+                               for c, t, v in versus])  # fmt: skip
     parts = (ht.get("parts") or {}).get("us_per_step") or {}
     if parts:
         out += "\n\n" + table(["a model:4 step's host time, part by part", "per step"],
