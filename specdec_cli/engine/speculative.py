@@ -227,11 +227,28 @@ class SpeculativeGenerator:
         # Tokens consumed: the emitted ones plus the stop token, if it was a draft.
         consumed_drafts = min(n_acc, len(emitted) + (1 if stop == "eos" else 0))
         context.extend(new)
+        step = self._record(index, proposal, consumed_drafts, emitted, stop, (t_step, t_draft, t_target, t_sample))
+        return step, n_acc
+
+    def _plain(self, index: int, context: list[int], proposal: Proposal, token: int,
+               times: tuple[float, float, float, float]) -> Step:  # fmt: skip
+        """`verify` of a plain greedy step: no drafts to compare, nothing past the decoded token to roll back; its
+        one token emitted and the Step recorded as `verify` records it (a step's host time, every step of a
+        generation the target decodes alone: docs/design.md#host-time)."""
+        emitted, stop = self._emit((token,), PLAIN)
+        context.append(token)
+        return self._record(index, proposal, 0, emitted, stop, times)
+
+    def _record(self, index: int, proposal: Proposal, n_accepted: int, emitted: list[EmittedToken], stop: str | None,
+                times: tuple[float, float, float, float]) -> Step:  # fmt: skip
+        """The step's record, kept in the result: `times` are (its start, draft, target and sampling seconds)."""
+        t_step, t_draft, t_target, t_sample = times
+        drafted = proposal.tokens
         step = Step(
             index=index,
             k=proposal.k,
             drafted=tuple(drafted),
-            n_accepted=consumed_drafts,
+            n_accepted=n_accepted,
             emitted=tuple(emitted),
             t_draft=t_draft,
             t_target=t_target,
@@ -243,33 +260,8 @@ class SpeculativeGenerator:
             note=proposal.note,
         )
         self.result.steps.append(step)
-        return step, n_acc
-
-
-    def _plain(self, index: int, context: list[int], proposal: Proposal, token: int,
-               times: tuple[float, float, float, float]) -> Step:  # fmt: skip
-        """`verify` of a plain greedy step: no drafts to compare, nothing past the decoded token to roll back; its
-        one token emitted and the Step recorded as `verify` records it (a step's host time, every step of a
-        generation the target decodes alone: docs/design.md#host-time)."""
-        t_step, t_draft, t_target, t_sample = times
-        emitted, stop = self._emit((token,), PLAIN)
-        context.append(token)
-        step = Step(
-            index=index,
-            k=proposal.k,
-            drafted=(),
-            n_accepted=0,
-            emitted=tuple(emitted),
-            t_draft=t_draft,
-            t_target=t_target,
-            t_sample=t_sample,
-            t_other=max(0.0, time.perf_counter() - t_step - t_draft - t_target - t_sample),
-            stop=stop,
-            predicted_speedup=proposal.predicted_speedup,
-            note=proposal.note,
-        )
-        self.result.steps.append(step)
         return step
+
 
 def prompt_fits(n_prompt: int, n_ctx: int) -> bool:
     """A prompt fits when it leaves the context room for at least one generated token."""
