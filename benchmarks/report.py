@@ -364,6 +364,24 @@ def host_time(name: str, base: str = "results/") -> str:
                   "each, medians.", base, None)  # fmt: skip
 
 
+def server_threads(name: str, base: str = "results/") -> str:
+    """A streamed token's CPU in each server, thread by thread (benchmarks.server_threads): median (range) over
+    the rounds."""
+    data = load(name)
+    us = lambda x: f"{x:.0f} us"  # noqa: E731
+    rows = [[server, spread([r["ms_per_token"] for r in runs], f2) + " ms", spread([r["compute_us"] for r in runs], us),
+             spread([r["http_us"] for r in runs], us), spread([r["http_busiest_us"] for r in runs], us),
+             spread([r["switches"] for r in runs], f1)]
+            for server, runs in data["runs"].items()]  # fmt: skip
+    out = table(["one client, streamed", "a token, at the client", "CPU a token: llama.cpp's compute threads",
+                 "the server's other threads", "the busiest of those", "context switches a token"], rows)  # fmt: skip
+    s = data["settings"]
+    (ours, mine), (theirs, other) = list(data["runs"].items())[:2]
+    speed = ", ".join(ratio(b["ms_per_token"] / a["ms_per_token"]) for a, b in zip(mine, other, strict=True))
+    return render(data, name, out + f"\n\n{s['n']}-token answers, greedy, the servers in turn; {ours}'s tokens per "
+                  f"second over {theirs}'s, round by round: {speed}.", base, s["rounds"])  # fmt: skip
+
+
 def request_profile(name: str, base: str = "results/") -> str:
     """A streamed request's time to first token in `specdec serve`, part by part (benchmarks.request_profile),
     and the host time against llama-server's on the same kernels."""
