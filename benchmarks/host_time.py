@@ -32,6 +32,7 @@ from typing import Any
 from benchmarks import record
 from specdec_cli import api
 from specdec_cli.bench.external import target_kernels
+from specdec_cli.engine.greedy import AHEAD_ENV
 
 PROMPTS = [
     "Write a long story about a robot who learns to paint.",
@@ -40,7 +41,9 @@ PROMPTS = [
     "List ten ideas for a science fair project and explain each one.",
 ]
 COUNTERPARTS = {"target alone": "llama-bench tokens/s", "model:4": "llama-speculative-simple K=4 tokens/s"}
-NUMPY = " (numpy's path)"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
+NUMPY = " (numpy's path)"
+NO_AHEAD = " (no decode ahead)"  # --ahead-too: the target alone without its decodes queued ahead (a GPU's way)
+TARGET = "target alone"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
 CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
            "auto": {"drafter": "auto"}}
 
@@ -137,6 +140,9 @@ def main() -> None:
     ap.add_argument("--llama-cpp-bin", type=Path, default=None, help="folder with llama-bench and llama-speculative-simple")
     ap.add_argument("--numpy-too", action="store_true",
                     help="each configuration also on numpy's path (no patch 0006 calls), alternating with it")
+    ap.add_argument("--ahead-too", action="store_true",
+                    help="where the target queues each decode ahead (a GPU: Model.decodes_ahead), the target alone "
+                         "also without (SPECDEC_DECODE_AHEAD=0), alternating with it")  # fmt: skip
     record.add_option(ap)
     args = ap.parse_args()
     paths = ["", NUMPY] if args.numpy_too else [""]
@@ -148,6 +154,11 @@ def main() -> None:
         spec.remember = False
         spec.generate(PROMPTS[0], max_tokens=16)  # warm-up: first decodes, threads started
         native = {m: m._native for m in (spec.target, spec.draft) if m is not None}
+        ahead = args.ahead_too and spec.target.decodes_ahead()
+        if args.ahead_too and not ahead:
+            print("--ahead-too: this target does not queue its decodes ahead (its logits are not on a GPU)")
+        if ahead:
+            runs[TARGET + NO_AHEAD] = []
         for rep in range(args.repeats):
             for prompt in PROMPTS:
                 order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
@@ -156,6 +167,12 @@ def main() -> None:
                         for m, calls in native.items():
                             m._native = None if path else calls
                         runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                    if ahead and name == TARGET:  # the same without its decodes queued ahead, right after
+                        os.environ[AHEAD_ENV] = "0"
+                        try:
+                            runs[TARGET + NO_AHEAD].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                        finally:
+                            del os.environ[AHEAD_ENV]
             if args.llama_cpp_bin:
                 external_runs.append(llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads))
                 for config, tool in COUNTERPARTS.items():
@@ -172,12 +189,18 @@ def main() -> None:
     ratios = {name: round(statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
                                             for a, b in zip(runs[name], runs[name + NUMPY], strict=True)), 3)
               for name in CONFIGS if name + NUMPY in runs}  # fmt: skip
+    ahead_ratio = (round(statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
+                                           for a, b in zip(runs[TARGET], runs[TARGET + NO_AHEAD], strict=True)), 3)
+                   if TARGET + NO_AHEAD in runs else None)  # fmt: skip
     for name, s in summary.items():
         print(f"{name:14s} host {s['host_ms_per_step']:.3f} ms/step (sampling {s['sampling_ms_per_step']:.3f}, "
               f"other {s['other_ms_per_step']:.3f}; decode {s['decode_ms_per_step']:.2f})  "
               f"{s['tokens_per_second']:.1f} tokens/s")  # fmt: skip
     for name, ratio in ratios.items():
         print(f"{name}: tokens/s on patch 0006's calls / on numpy's path, median of pairs run side by side: {ratio:.3f}")
+    if ahead_ratio is not None:
+        print(f"{TARGET}: tokens/s with its decodes queued ahead / without, median of pairs run side by side: "
+              f"{ahead_ratio:.3f}")
     for name, value in external.items():
         print(f"{name}: {value:.1f}")
     side = {config: {"beside": COUNTERPARTS[config], "median": round(statistics.median(r), 3),
@@ -189,7 +212,7 @@ def main() -> None:
         print(f"model:4 part: {label}: {us:.1f} us/step")
     record.save(args, "host-time", threads=args.threads, models=files,
                 data={"settings": {"n": args.n, "repeats": args.repeats, "prompts": PROMPTS, "configs": CONFIGS},
-                      "medians": summary, "native_over_numpy": ratios, "llama_cpp": external, "versus_llama_cpp": side,
+                      "medians": summary, "native_over_numpy": ratios, "ahead_over_not": ahead_ratio, "llama_cpp": external, "versus_llama_cpp": side,
                       "llama_cpp_runs": external_runs, "parts": profile, "runs": runs})  # fmt: skip
 
 

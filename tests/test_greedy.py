@@ -6,17 +6,22 @@ numpy's path would."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from specdec_cli.engine import greedy
+from specdec_cli.engine.events import Step
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.native import bindings
 from specdec_cli.engine.protocol import argmax_rows, chain_by_steps
+from specdec_cli.engine.settings import GenerateOptions
+from specdec_cli.engine.speculative import SpeculativeGenerator, generate
 from specdec_cli.errors import ContextError, UsageError
 from tests.conftest import THREADS
 
@@ -248,3 +253,45 @@ def test_numpy_integers_reach_the_calls(smol_path: Path) -> None:
         b.decode(ids[:5])
         assert m.decode_argmax(ids[5:8], np.int64(2)) == argmax_rows(b.decode(ids[5:8], 2))
         assert m.argmax_chain(ids[8:9], np.int64(3), frozenset()) == chain_by_steps(b, ids[8:9], 3, frozenset())
+
+
+def _ahead_run(m: Model, prompt: list[int], options: GenerateOptions, *, eog: frozenset[int] | None = None,
+               stop_after: int | None = None, read: int | None = None) -> tuple[Any, ...]:  # fmt: skip
+    """A target-alone greedy run: its tokens, steps and stop, and what the model's cache holds after it."""
+    gen: SpeculativeGenerator
+    gen = SpeculativeGenerator(m, None, prompt, options,
+                               should_stop=None if stop_after is None else lambda: len(gen.result.token_ids) >= stop_after)
+    if eog is not None:
+        gen.eog = eog
+    events = gen.events()
+    steps = [e for e in itertools.islice(events, read) if isinstance(e, Step)]  # the reader may stop reading
+    events.close()
+    m._context()  # a rollback left to the next call (Model.rollback) made now
+    pos_max = int(m._C.llama_memory_seq_pos_max(m._mem, 0))
+    return (gen.result.token_ids, gen.result.stop_reason, [(s.index, s.emitted, s.stop) for s in steps],
+            list(m.seq_tokens[0]), pos_max, m.decoding_ahead, m.decoded_tokens)
+
+
+@pytest.mark.parametrize("case", ["length", "eos", "context", "stopped", "reader gone"])
+def test_a_decode_queued_ahead_gives_the_same_run(smol_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """The target alone's loop with each decode queued before the last token goes out (`_ahead`, a GPU's way,
+    forced on here) against the plain loop: the same tokens, steps and stop, and the same cache after it, where it
+    ends on its length, on an end token, on a full context, on a stop asked for mid-way, or its reader stops
+    reading (the decode queued for nobody rolled back)."""
+    runs = []
+    for ahead in ("0", "1"):
+        monkeypatch.setenv(greedy.AHEAD_ENV, ahead)
+        with Model(smol_path, n_ctx=64 if case == "context" else 256, n_threads=THREADS) as m:
+            assert m.decodes_ahead() == (ahead == "1")
+            prompt = m.tokenize(TEXT, add_special=True, parse_special=False)
+            ref = generate(m, None, prompt, GenerateOptions(max_tokens=24)).token_ids
+            kw: dict[str, Any] = {"eos": {"eog": frozenset({ref[9]})}, "stopped": {"stop_after": 7},
+                                  "reader gone": {"read": 6}}.get(case, {})  # fmt: skip
+            runs.append(_ahead_run(m, prompt, GenerateOptions(max_tokens=200 if case == "context" else 24), **kw))
+    assert runs[0][:-1] == runs[1][:-1]
+    tokens, stop, steps, held, pos_max, queued, decoded = runs[1]
+    # no decode where the plain loop makes none, but the one queued while the reader had the last step
+    assert decoded - runs[0][-1] == (case in ("stopped", "reader gone"))
+    assert stop == {"length": "length", "eos": "eos", "context": "context", "stopped": "interrupted",
+                    "reader gone": ""}[case] and steps and not queued  # fmt: skip
+    assert pos_max == len(held) - 1  # llama.cpp's cache holds what the model says, nothing queued past it

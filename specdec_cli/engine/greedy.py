@@ -17,6 +17,8 @@ Where the library lacks the calls (not specdec's build), numpy's argmax over the
 from __future__ import annotations
 
 import ctypes
+import os
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -27,6 +29,7 @@ from specdec_cli.engine.protocol import LanguageModel, argmax_rows, chain_by_ste
 NO_TOKEN = -100  # a row gave no sampled token (backend sampling)
 NOT_FINITE = -101  # a row of logits held a NaN or an infinite maximum
 ROW_NOT_FINITE, ROW_NO_TOKEN = -1, -2  # `NativeGreedy.rows`' tokens for such rows
+AHEAD_ENV = "SPECDEC_DECODE_AHEAD"  # 1 or 0: the target alone's loop queues each decode ahead, or not (decodes_ahead)
 T = TypeVar("T")
 
 
@@ -149,6 +152,9 @@ class GreedyMethods:
     pending_moves: set[int]
     decode_seconds: float
     decoded_tokens: int
+    _C: Any
+    _ctx: Any
+    _ahead: int = 0  # 1: a decode queued by `start_next`, its token not taken yet; 2: ... by the graph's sampler
 
     if TYPE_CHECKING:  # the model's
 
@@ -165,6 +171,8 @@ class GreedyMethods:
         def _failed(self, ret: int, seqs: tuple[int, ...]) -> None: ...
 
         def decode_many(self, parts: Sequence[Any], greedy: Any = ()) -> list[Any]: ...
+
+        def rollback(self, n_keep: int, seq: int = 0) -> None: ...
 
     def _in_c(self, call: Callable[..., T], *args: Any) -> T:
         """`call(*args)`, one of `NativeGreedy`'s calls, as `_run_batch` makes llama_decode's: this model's kernels
@@ -278,3 +286,64 @@ class GreedyMethods:
             self._failed(status, (0,))
         self._logits_seen = True
         return out
+
+    # ------------------------------------------------------------ a decode queued ahead (a GPU's)
+    def decodes_ahead(self) -> bool:
+        """Whether the target alone's greedy loop should queue each decode before it hands on the previous token
+        (`start_next`, `finish_next`): where the logits are on a GPU (`BackendArgmax`), llama_decode returns once
+        the work is queued and the device computes while the host verifies, emits and relays the last token; on a
+        CPU llama_decode computes before it returns, and the token would only reach its reader a decode late.
+        SPECDEC_DECODE_AHEAD=1 or 0 decides instead (tests on a CPU; an A/B on a GPU)."""
+        forced = os.environ.get(AHEAD_ENV, "")
+        if forced in ("0", "1"):
+            return forced == "1" and not self.hidden_on
+        return self._argmax is not None and self._native is not None and not self.hidden_on
+
+    @property
+    def decoding_ahead(self) -> bool:
+        """A decode is queued (`start_next`) and its token not taken yet."""
+        return self._ahead != 0
+
+    def start_next(self, token: int) -> None:
+        """Queue the decode of `token` after sequence 0's tokens, one output row: `finish_next` takes its greedy
+        token. The cache holds the token from here on; nothing else decodes in between (`cancel_next` where
+        nobody will take it)."""
+        self._context()  # a rollback left to the next call settled first
+        held = self.seq_tokens[0]
+        self._check_room(0, 1)
+        self._batch.fill(0, 0, len(held), (token,), 1, 0, False)
+        sampled = self._sampled()
+        self._batch.handle.n_tokens = 1
+        self._switch_kernels()
+        t0 = time.perf_counter()
+        ret = self._C.llama_decode(self._ctx, self._batch.handle)  # no llama_synchronize: `finish_next` waits
+        self.decode_seconds += time.perf_counter() - t0
+        self.pending_moves.clear()
+        if self._argmax is not None:
+            self._argmax.decoded()
+        if ret != 0:
+            self._failed(ret, (0,))
+        held.append(token)
+        self.decoded_tokens += 1
+        self._ahead = 2 if sampled else 1
+
+    def finish_next(self) -> list[int] | None:
+        """The queued decode's greedy token, once the device is done (its wait counted as decode time): the graph
+        sampler's where one was attached, else numpy's argmax of the logits; None where they are not finite."""
+        sampled, self._ahead = self._ahead == 2, 0
+        t0 = time.perf_counter()
+        self._C.llama_synchronize(self._ctx)
+        self.decode_seconds += time.perf_counter() - t0
+        if sampled:
+            assert self._argmax is not None
+            return self._argmax.tokens(1)
+        top = argmax_rows(self._batch.logits(0, 1))
+        self._logits_seen = self._logits_seen or top is not None
+        return top
+
+    def cancel_next(self) -> None:
+        """Forget a queued decode nobody will take (its generation ended first): waited for, its token rolled back."""
+        if self._ahead:
+            self._ahead = 0
+            self._C.llama_synchronize(self._ctx)
+            self.rollback(len(self.seq_tokens[0]) - 1)

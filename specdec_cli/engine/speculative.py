@@ -29,6 +29,7 @@ import codecs
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -143,6 +144,9 @@ class SpeculativeGenerator:
 
         context = list(self.prompt)
         greedy = self.sampler.greedy
+        if greedy and self.drafter is None and getattr(target, "decodes_ahead", bool)():
+            yield from self._ahead(context)
+            return
         index = -1
         while True:
             index += 1
@@ -185,6 +189,42 @@ class SpeculativeGenerator:
             if step.stop:
                 res.stop_reason = step.stop
                 return
+
+    def _ahead(self, context: list[int]) -> Iterator[Event]:
+        """`_run`'s loop for the target alone, greedy, where its decodes run on a device (`Model.decodes_ahead`):
+        each step's decode is queued (`start_next`) before the last step's token is verified, emitted and handed
+        to the reader, so that the host's part of a step, the reader's included, runs while the device computes.
+        The same tokens, steps and stops as `_run`'s (tests/test_greedy.py): a decode is queued only where `_run`
+        would make it next (not after an end token, the last token `max_tokens` allows, or in a full context),
+        and one queued when the generation ends anyway (a stop asked for while the reader had the last step,
+        or the reader gone) is rolled back."""
+        cfg, target, res = self.config, self.target, self.result
+        model: Any = target  # the calls `decodes_ahead` promises
+        index = -1
+        tt0 = target.decode_seconds
+        model.start_next(context[-1])
+        try:
+            while True:
+                index += 1
+                if self._should_stop is not None and self._should_stop():
+                    res.stop_reason = "interrupted"
+                    return
+                t_step = time.perf_counter()
+                top = model.finish_next()
+                t_target, tt0 = target.decode_seconds - tt0, target.decode_seconds
+                if (top is not None and top[0] not in self.eog and len(res.token_ids) + 1 < cfg.max_tokens
+                        and len(context) < target.n_ctx):  # fmt: skip
+                    model.start_next(top[0])  # the next step's decode, queued before this step's token goes out
+                step, _ = self.verify(index, context, NO_DRAFT, top, (t_step, 0.0, t_target, 0.0))
+                yield step
+                if step.stop:
+                    res.stop_reason = step.stop
+                    return
+                if not model.decoding_ahead:  # the context is full: `_run` stops here too
+                    res.stop_reason = "context"
+                    return
+        finally:
+            model.cancel_next()
 
     def verify(
         self, index: int, context: list[int], proposal: Proposal, rows: np.ndarray | list[int] | None,
