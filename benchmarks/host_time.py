@@ -168,11 +168,12 @@ def main() -> None:
                             m._native = None if path else calls
                         runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
                     if ahead and name == TARGET:  # the same without its decodes queued ahead, right after
+                        was = os.environ.get(AHEAD_ENV)
                         os.environ[AHEAD_ENV] = "0"
                         try:
                             runs[TARGET + NO_AHEAD].append(one_run(spec, prompt, args.n, CONFIGS[name]))
                         finally:
-                            del os.environ[AHEAD_ENV]
+                            os.environ.pop(AHEAD_ENV) if was is None else os.environ.update({AHEAD_ENV: was})
             if args.llama_cpp_bin:
                 external_runs.append(llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads))
                 for config, tool in COUNTERPARTS.items():
