@@ -42,7 +42,7 @@ PROMPTS = [
 ]
 COUNTERPARTS = {"target alone": "llama-bench tokens/s", "model:4": "llama-speculative-simple K=4 tokens/s"}
 NUMPY = " (numpy's path)"
-NO_AHEAD = " (no decode ahead)"  # --ahead-too: the target alone without its decodes queued ahead (a GPU's way)
+AHEAD = " (decodes ahead)"  # --ahead-too: the target alone with its decodes queued ahead (SPECDEC_DECODE_AHEAD=1)
 TARGET = "target alone"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
 CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
            "auto": {"drafter": "auto"}}
@@ -141,8 +141,8 @@ def main() -> None:
     ap.add_argument("--numpy-too", action="store_true",
                     help="each configuration also on numpy's path (no patch 0006 calls), alternating with it")
     ap.add_argument("--ahead-too", action="store_true",
-                    help="where the target queues each decode ahead (a GPU: Model.decodes_ahead), the target alone "
-                         "also without (SPECDEC_DECODE_AHEAD=0), alternating with it")  # fmt: skip
+                    help="the target alone also with each decode queued before its last token goes out "
+                         "(SPECDEC_DECODE_AHEAD=1, Model.decodes_ahead: for a GPU), alternating with it")  # fmt: skip
     record.add_option(ap)
     args = ap.parse_args()
     paths = ["", NUMPY] if args.numpy_too else [""]
@@ -154,11 +154,8 @@ def main() -> None:
         spec.remember = False
         spec.generate(PROMPTS[0], max_tokens=16)  # warm-up: first decodes, threads started
         native = {m: m._native for m in (spec.target, spec.draft) if m is not None}
-        ahead = args.ahead_too and spec.target.decodes_ahead()
-        if args.ahead_too and not ahead:
-            print("--ahead-too: this target does not queue its decodes ahead (its logits are not on a GPU)")
-        if ahead:
-            runs[TARGET + NO_AHEAD] = []
+        if args.ahead_too:
+            runs[TARGET + AHEAD] = []
         for rep in range(args.repeats):
             for prompt in PROMPTS:
                 order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
@@ -167,11 +164,11 @@ def main() -> None:
                         for m, calls in native.items():
                             m._native = None if path else calls
                         runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
-                    if ahead and name == TARGET:  # the same without its decodes queued ahead, right after
+                    if args.ahead_too and name == TARGET:  # the same with its decodes queued ahead, right after
                         was = os.environ.get(AHEAD_ENV)
-                        os.environ[AHEAD_ENV] = "0"
+                        os.environ[AHEAD_ENV] = "1"
                         try:
-                            runs[TARGET + NO_AHEAD].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                            runs[TARGET + AHEAD].append(one_run(spec, prompt, args.n, CONFIGS[name]))
                         finally:
                             os.environ.pop(AHEAD_ENV) if was is None else os.environ.update({AHEAD_ENV: was})
             if args.llama_cpp_bin:
@@ -191,8 +188,8 @@ def main() -> None:
                                             for a, b in zip(runs[name], runs[name + NUMPY], strict=True)), 3)
               for name in CONFIGS if name + NUMPY in runs}  # fmt: skip
     ahead_ratio = (round(statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
-                                           for a, b in zip(runs[TARGET], runs[TARGET + NO_AHEAD], strict=True)), 3)
-                   if TARGET + NO_AHEAD in runs else None)  # fmt: skip
+                                           for a, b in zip(runs[TARGET + AHEAD], runs[TARGET], strict=True)), 3)
+                   if TARGET + AHEAD in runs else None)  # fmt: skip
     for name, s in summary.items():
         print(f"{name:14s} host {s['host_ms_per_step']:.3f} ms/step (sampling {s['sampling_ms_per_step']:.3f}, "
               f"other {s['other_ms_per_step']:.3f}; decode {s['decode_ms_per_step']:.2f})  "

@@ -522,9 +522,7 @@ fi
 
 # --- host time per step on this pair (outside llama_decode), beside llama-bench and llama-speculative-simple ------
 if [ -f "$CODE/benchmarks/host_time.py" ]; then
-  # a rehearsal forces the decodes queued ahead (a GPU's way) so that --ahead-too's path runs on the CPU too
-  REHEARSE_AHEAD=$([ "$MODE" = rehearse ] && echo SPECDEC_DECODE_AHEAD=1 || true)
-  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 120)" env ${REHEARSE_AHEAD:-} "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" --repeats 1 \
+  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 120)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" --repeats 1 \
     --ahead-too ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
   grep -E "host|tokens/s|part|ahead" "$RAW/host-time.log" | head -16
 fi

@@ -289,15 +289,13 @@ class GreedyMethods:
 
     # ------------------------------------------------------------ a decode queued ahead (a GPU's)
     def decodes_ahead(self) -> bool:
-        """Whether the target alone's greedy loop should queue each decode before it hands on the previous token
-        (`start_next`, `finish_next`): where the logits are on a GPU (`BackendArgmax`), llama_decode returns once
-        the work is queued and the device computes while the host verifies, emits and relays the last token; on a
-        CPU llama_decode computes before it returns, and the token would only reach its reader a decode late.
-        SPECDEC_DECODE_AHEAD=1 or 0 decides instead (tests on a CPU; an A/B on a GPU)."""
-        forced = os.environ.get(AHEAD_ENV, "")
-        if forced in ("0", "1"):
-            return forced == "1" and not self.hidden_on
-        return self._argmax is not None and self._native is not None and not self.hidden_on
+        """Whether the target alone's greedy loop queues each decode before it hands on the previous token
+        (`start_next`, `finish_next`): SPECDEC_DECODE_AHEAD=1. Where the logits are on a GPU (`BackendArgmax`),
+        llama_decode returns once the work is queued, and the device computes while the host verifies, emits and
+        relays the last token; on a CPU llama_decode computes before it returns, and a token would reach its
+        reader a decode late. Off unless asked for until a GPU run shows it pays (gpu-check runs `host_time
+        --ahead-too`, both ways side by side): then on by itself where `BackendArgmax` is."""
+        return os.environ.get(AHEAD_ENV, "") == "1" and not self.hidden_on
 
     @property
     def decoding_ahead(self) -> bool:
