@@ -174,6 +174,8 @@ class GreedyMethods:
 
         def rollback(self, n_keep: int, seq: int = 0) -> None: ...
 
+        def _run_batch(self, n_tokens: int, seqs: tuple[int, ...], sync: bool = True) -> None: ...
+
     def _in_c(self, call: Callable[..., T], *args: Any) -> T:
         """`call(*args)`, one of `NativeGreedy`'s calls, as `_run_batch` makes llama_decode's: this model's kernels
         switched on, its seconds inside llama_decode counted, the cache's pending moves applied."""
@@ -311,18 +313,8 @@ class GreedyMethods:
         self._check_room(0, 1)
         self._batch.fill(0, 0, len(held), (token,), 1, 0, False)
         sampled = self._sampled()
-        self._batch.handle.n_tokens = 1
-        self._switch_kernels()
-        t0 = time.perf_counter()
-        ret = self._C.llama_decode(self._ctx, self._batch.handle)  # no llama_synchronize: `finish_next` waits
-        self.decode_seconds += time.perf_counter() - t0
-        self.pending_moves.clear()
-        if self._argmax is not None:
-            self._argmax.decoded()
-        if ret != 0:
-            self._failed(ret, (0,))
+        self._run_batch(1, (0,), sync=False)  # `finish_next` waits
         held.append(token)
-        self.decoded_tokens += 1
         self._ahead = 2 if sampled else 1
 
     def finish_next(self) -> list[int] | None:

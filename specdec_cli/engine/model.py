@@ -308,13 +308,15 @@ class Model(VocabMethods, CacheMethods, GreedyMethods):
         if held + n > self.n_ctx:
             raise ContextError(f"the context is full: {held} + {n} tokens > --ctx-size {self.n_ctx}")
 
-    def _run_batch(self, n_tokens: int, seqs: tuple[int, ...]) -> None:
+    def _run_batch(self, n_tokens: int, seqs: tuple[int, ...], sync: bool = True) -> None:
+        """llama_decode of the batch as filled; `sync` False: not waited for (`GreedyMethods.start_next`)."""
         C = self._C  # noqa: N806
         self._batch.handle.n_tokens = n_tokens
         self._switch_kernels()
         t0 = time.perf_counter()
         ret = C.llama_decode(self._ctx, self._batch.handle)
-        C.llama_synchronize(self._ctx)
+        if sync:
+            C.llama_synchronize(self._ctx)
         self.decode_seconds += time.perf_counter() - t0
         self.pending_moves.clear()  # llama_decode applies them before anything else
         if self._argmax is not None:

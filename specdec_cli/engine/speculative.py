@@ -150,8 +150,7 @@ class SpeculativeGenerator:
         index = -1
         while True:
             index += 1
-            if self._should_stop is not None and self._should_stop():
-                res.stop_reason = "interrupted"
+            if self._stop_asked():
                 return
             t_step = time.perf_counter()
             n_cached = len(context) - 1
@@ -190,6 +189,13 @@ class SpeculativeGenerator:
                 res.stop_reason = step.stop
                 return
 
+    def _stop_asked(self) -> bool:
+        """The caller asked the generation to stop (`should_stop`), checked before each step: it ends "interrupted"."""
+        if self._should_stop is not None and self._should_stop():
+            self.result.stop_reason = "interrupted"
+            return True
+        return False
+
     def _ahead(self, context: list[int]) -> Iterator[Event]:
         """`_run`'s loop for the target alone, greedy, where its decodes run on a device (`Model.decodes_ahead`):
         each step's decode is queued (`start_next`) before the last step's token is verified, emitted and handed
@@ -206,8 +212,7 @@ class SpeculativeGenerator:
         try:
             while True:
                 index += 1
-                if self._should_stop is not None and self._should_stop():
-                    res.stop_reason = "interrupted"
+                if self._stop_asked():
                     return
                 t_step = time.perf_counter()
                 top = model.finish_next()

@@ -50,7 +50,7 @@ from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import Prefill, Step
 from specdec_cli.engine.heads import Heads
 from specdec_cli.engine.protocol import LoadedModel, Rows
-from specdec_cli.engine.settings import AUTO, MODEL, NGRAM, NONE
+from specdec_cli.engine.settings import MODEL, NONE
 from specdec_cli.engine.speculative import SpeculativeGenerator
 from specdec_cli.errors import InternalError, SpecdecError
 
@@ -321,8 +321,7 @@ class BatchEngine:
             self._finish(s, error=exc)
             return None
         s.index += 1
-        if s.job.kind in (AUTO, NGRAM):  # the kinds whose lookups are scored (plan.py)
-            s.shadow.score(s.context)
+        s.shadow.score(s.context)
         s.job.put(step)
         if step.stop:
             s.job.result.stop_reason = step.stop

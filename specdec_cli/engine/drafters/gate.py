@@ -110,6 +110,8 @@ class ShadowScore:
     def score(self, context: Sequence[int]) -> None:
         """Record every position the text has reached since the last call; the newest proposal
         with a known first token sets the regime."""
+        if not self._pending:  # nothing proposed (a job that never looks up): every step's case there
+            return
         keep: deque[tuple[int, list[int], str, int]] = deque()
         for pos, prop, regime, done in self._pending:
             actual = context[pos : pos + len(prop)]
