@@ -28,6 +28,7 @@ from specdec_cli.engine import native
 from specdec_cli.engine.drafters.pool import TokenPool
 from specdec_cli.engine.protocol import ModelOpener
 from specdec_cli.engine.settings import (
+    DEFAULT_BURST_MS,
     DEFAULT_CTX,
     DEFAULT_DRAFTER,
     DEFAULT_KERNELS,
@@ -67,6 +68,7 @@ def load(
     open_model: ModelOpener | None = None,
     pool_mb: float = DEFAULT_POOL_MB,
     prompt_cache_mb: float = DEFAULT_PROMPT_CACHE_MB,
+    burst_ms: float = DEFAULT_BURST_MS,
     ngram_cache: str | os.PathLike[str] | None = None,
     rpc: str | Sequence[str] | None = None,
     draft_rpc: str | Sequence[str] | None = None,
@@ -94,6 +96,11 @@ def load(
     `prompt_cache_mb` bounds the host memory that keeps slots' caches for prompts that come back when
     `parallel` > 1 (0: none; engine/batch/prompt_cache.py).
 
+    `burst_ms`: a generation of the target alone, greedy (and alone in the batch where `parallel` > 1), decodes
+    its tokens in bursts of up to this many milliseconds, each burst one call into llama.cpp with nothing of
+    Python's between its decodes, and hands them on together: the same tokens, faster where a token takes a few
+    milliseconds (a GPU, a small model); the first token comes alone. 0: one token at a time.
+
     `rpc` ("HOST:PORT,..." or a list): the target's layers go to those llama.cpp RPC servers
     (`specdec rpc-server`), split by their free memory or by `tensor_split` (one share per server); the
     draft stays here unless `draft_rpc` names servers for it. A server that stops answering mid-generation
@@ -110,7 +117,7 @@ def load(
     `open_model` opens the model files (default: llama.cpp; tests pass a fake, tests/fakes.py).
     """
     check_load(n_ctx=n_ctx, n_threads=n_threads, parallel=parallel, ngram=ngram, pool_mb=pool_mb,
-               prompt_cache_mb=prompt_cache_mb)
+               prompt_cache_mb=prompt_cache_mb, burst_ms=burst_ms)
     kind = check_drafter(NONE if drafter is None else drafter)
     exact = check_kernels(kernels) == KernelChoice.EXACT
     if target is not None and draft is None and pair is None and loading.is_pair_name(target):
@@ -144,7 +151,8 @@ def load(
         parallel = 1  # sequences batched together would change each other's logits; its warning says so
     pool = TokenPool(int(pool_mb * (1 << 20)), n_min=ngram[0]) if pool_mb > 0 else None
     spec = Speculator(choice, t, d, drafter=kind, ngram=ngram, n_threads=n_threads, cross=cross, parallel=parallel,
-                      pool=pool, loader=loader, heads=the_heads, prompt_cache_bytes=int(prompt_cache_mb * (1 << 20)))  # fmt: skip
+                      pool=pool, loader=loader, heads=the_heads, prompt_cache_bytes=int(prompt_cache_mb * (1 << 20)),
+                      burst_seconds=burst_ms / 1000)  # fmt: skip
     if ngram_cache is not None:
         try:
             spec.open_pool_file(ngram_cache)

@@ -59,8 +59,10 @@ class Speculator:
         loader: loading.Loader | None = None,
         heads: Heads | None = None,
         prompt_cache_bytes: int = 0,
+        burst_seconds: float = 0.0,
     ) -> None:
         self.choice = choice
+        self.burst_seconds = burst_seconds  # the target alone, greedy: bursts of decodes this long (api.load's burst_ms)
         self.prompt_cache_bytes = prompt_cache_bytes  # parallel > 1: slots' caches kept for prompts that come back
         self.heads = heads  # Medusa heads for the target (engine/heads.py), when a heads file was given
         self.parallel = parallel  # > 1: generations from several threads share each step's batch (engine/batch/)
@@ -166,7 +168,7 @@ class Speculator:
             self.batch_engine().submit(job)
             return run
         gen = SpeculativeGenerator(self.target, make_drafter(self, kind, config), tokens.ids, config,
-                                   should_stop=lambda: run._should_stop())  # fmt: skip
+                                   should_stop=lambda: run._should_stop(), burst_seconds=self.burst_seconds)  # fmt: skip
         run = GenerationRun(gen, self._settings(opts, kind, config, tokens.used_chat), cancel, models=self.models,
                             lock=self._lock, n_cached=self.target.common_prefix(gen.prompt),
                             on_draft_dropped=self._draft_dropped, on_finished=self._remember,
@@ -258,7 +260,7 @@ class Speculator:
                 cache = PromptCache(self.prompt_cache_bytes) if self.prompt_cache_bytes and local else None
                 self._engine = BatchEngine(self.target, draft, state, ngram=self.ngram, pool=self.pool, heads=self.heads,
                                            model_k_max=self.choice.draft_max, draft_costs=draft_costs,
-                                           prompt_cache=cache)  # fmt: skip
+                                           prompt_cache=cache, burst_seconds=self.burst_seconds)  # fmt: skip
             return self._engine
 
     def _default_k(self, kind: str) -> int:

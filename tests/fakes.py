@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
-from specdec_cli.engine.protocol import Rows, argmax_of_logits, argmax_rows, chain_by_steps
+from specdec_cli.engine.protocol import Rows, argmax_of_logits, argmax_rows, chain_by_steps, run_by_steps
 from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
@@ -61,6 +61,7 @@ class FakeModel:
         self.hidden_calls = 0  # decodes made with hidden states on
         self.argmax_calls = 0  # decodes whose rows were reduced to their argmax (decode_argmax)
         self.next_calls = 0  # one sequence's next token alone (decode_next: the batch engine's plain step)
+        self.run_calls = 0  # bursts of them (greedy_run: a lone greedy slot's)
         self._last_hidden = np.zeros((0, self.n_embd), np.float32)
 
     # ------------------------------------------------------------ the model
@@ -285,6 +286,10 @@ class FakeGGUF(FakeModel):
     def decode_next(self, seq: int, token: int) -> list[int] | None:
         self.next_calls += 1
         return self.decode_many([(seq, [token], 1, 0)], (seq,))[0]
+
+    def greedy_run(self, seq: int, token: int, k: int, stop: frozenset[int], seconds: float) -> tuple[list[int], bool]:
+        self.run_calls += 1
+        return run_by_steps(self, seq, token, k, stop, seconds)
 
     def rollback(self, n_keep: int, seq: int = 0) -> None:
         del self.seq_tokens[seq][n_keep:]

@@ -910,6 +910,11 @@ def test_requests_that_never_draft_step_as_solo_runs_without_the_planner(monkeyp
             pass
         assert run.generation.stop_reason == "interrupted" and 0 < len(run.generation.token_ids) < 30
         assert run.generation.token_ids == ref[0].token_ids[: len(run.generation.token_ids)]
+        # alone and greedy, its tokens came in bursts (`greedy_run`); stopped mid-burst, the slot's cache holds what
+        # a plain step's would: the prompt and the tokens handed on, the last pending
+        job = run._gen
+        assert isinstance(job, BatchJob) and 0 < par.target.run_calls < sum(nexts[::2])
+        assert par.target.seq_tokens[job.slot] == [*job.prompt, *run.generation.token_ids][:-1]
         decode = par.target.decode_many  # a decode that takes time, so that the requests overlap
         batches: list[int] = []
         planned.clear()

@@ -256,10 +256,10 @@ def test_numpy_integers_reach_the_calls(smol_path: Path) -> None:
 
 
 def _ahead_run(m: Model, prompt: list[int], options: GenerateOptions, *, eog: frozenset[int] | None = None,
-               stop_after: int | None = None, read: int | None = None) -> tuple[Any, ...]:  # fmt: skip
+               stop_after: int | None = None, read: int | None = None, burst: float = 0.0) -> tuple[Any, ...]:  # fmt: skip
     """A target-alone greedy run: its tokens, steps and stop, and what the model's cache holds after it."""
     gen: SpeculativeGenerator
-    gen = SpeculativeGenerator(m, None, prompt, options,
+    gen = SpeculativeGenerator(m, None, prompt, options, burst_seconds=burst,
                                should_stop=None if stop_after is None else lambda: len(gen.result.token_ids) >= stop_after)
     if eog is not None:
         gen.eog = eog
@@ -295,3 +295,86 @@ def test_a_decode_queued_ahead_gives_the_same_run(smol_path: Path, monkeypatch: 
     assert stop == {"length": "length", "eos": "eos", "context": "context", "stopped": "interrupted",
                     "reader gone": ""}[case] and steps and not queued  # fmt: skip
     assert pos_max == len(held) - 1  # llama.cpp's cache holds what the model says, nothing queued past it
+
+
+
+
+def test_a_burst_is_the_tokens_decode_next_gives_one_at_a_time(smol_path: Path) -> None:
+    """`greedy_run` (patch 0010: a lone generation's tokens in one call) on sequence 1 of three: the tokens
+    `decode_next` gives one at a time, the last not decoded, the same cells after it (the next decode on both
+    agrees); it ends at a stop token (not decoded), at a full context, or once its decodes took `seconds`."""
+    with (Model(smol_path, n_ctx=128, n_threads=THREADS, n_seq=3) as a,
+          Model(smol_path, n_ctx=128, n_threads=THREADS, n_seq=3) as b):  # fmt: skip
+        assert a._native is not None and a._native.runs
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+        for m in (a, b):
+            m.decode_many([(0, ids[:4], 1, 0), (1, ids[:6], 1, 0)], greedy={0, 1})
+        got, ok = a.greedy_run(1, ids[6], 12, frozenset(), 60.0)
+        want, tok = [], ids[6]
+        for _ in range(12):
+            top = b.decode_next(1, tok)
+            assert top is not None
+            want.append(tok := top[0])
+        assert ok and got == want and a.seq_tokens == b.seq_tokens and a.seq_tokens[1] == [*ids[:7], *want[:-1]]
+        assert a.decode_next(1, want[-1]) == b.decode_next(1, want[-1])
+        a.greedy_run(1, ids[0], 2, frozenset(), 60.0)  # the batch's first row left to sequence 1 ...
+        a.rollback(len(b.seq_tokens[1]), 1)
+        # ... is sequence 0's again where it decodes next (`LlamaBatch.claimed`)
+        assert a.decode_many([(0, ids[4:5], 1, 0)], greedy={0}) == b.decode_many([(0, ids[4:5], 1, 0)], greedy={0})
+        a.rollback(7, 1)  # want[0] pending again
+        end = next(j for j in range(1, 12) if want[j] == want[8])
+        again, ok = a.greedy_run(1, want[0], 12, frozenset({want[8]}), 60.0)
+        assert ok and again == want[1 : end + 1] and a.seq_tokens[1] == [*ids[:7], *want[:end]]  # the stop not decoded
+        held = len(a.seq_tokens[1])
+        one, ok = a.greedy_run(1, again[-1], 12, frozenset(), 1e-9)
+        assert ok and len(one) == 1 and len(a.seq_tokens[1]) == held + 1  # its one decode took the time
+        room = a.n_ctx - len(a.seq_tokens[1])
+        rest, ok = a.greedy_run(1, one[0], room + 5, frozenset(), 60.0)
+        assert ok and len(rest) == room and len(a.seq_tokens[1]) == a.n_ctx
+        assert int(a._C.llama_memory_seq_pos_max(a._mem, 1)) == a.n_ctx - 1
+
+
+def test_a_burst_whose_row_is_not_finite_keeps_what_came_before(corrupt_draft_path: Path) -> None:
+    """The corrupt draft's logits hold NaNs: no tokens and False, the cache as the model says (the decode whose
+    row was not finite forgotten), as `decode_next`'s None leaves it for its caller's error."""
+    with Model(corrupt_draft_path, n_ctx=256, n_threads=THREADS, n_seq=2) as m:
+        ids = m.tokenize(TEXT, add_special=True, parse_special=False)
+        m.decode_many([(1, ids[:5], 0, 0)])
+        assert m.greedy_run(1, ids[5], 8, frozenset(), 60.0) == ([], False)
+        assert m.seq_tokens[1] == ids[:5] and int(m._C.llama_memory_seq_pos_max(m._mem, 1)) == 4
+
+
+@pytest.mark.parametrize("case", ["length", "eos", "context", "stopped", "reader gone"])
+def test_bursts_give_the_same_run(smol_path: Path, case: str) -> None:
+    """The target alone's loop in bursts (`_bursts`: each call into llama.cpp decodes on for up to `burst_seconds`)
+    against the plain loop: the same tokens, steps and stop, and the same cache after it (what a burst decoded past
+    a stop rolled back), where it ends on its length, an end token, a full context, a stop asked for mid-burst,
+    or its reader stops reading mid-burst; the steps' decode seconds add up to the model's."""
+    runs = []
+    for burst in (0.0, 60.0):
+        with Model(smol_path, n_ctx=64 if case == "context" else 256, n_threads=THREADS) as m:
+            prompt = m.tokenize(TEXT, add_special=True, parse_special=False)
+            ref = generate(m, None, prompt, GenerateOptions(max_tokens=24)).token_ids
+            kw: dict[str, Any] = {"eos": {"eog": frozenset({ref[9]})}, "stopped": {"stop_after": 7},
+                                  "reader gone": {"read": 6}}.get(case, {})  # fmt: skip
+            m.rollback(0)
+            d0 = m.decode_seconds
+            runs.append(_ahead_run(m, prompt, GenerateOptions(max_tokens=200 if case == "context" else 24), burst=burst,
+                                   **kw))  # fmt: skip
+            runs[-1] += (m.decode_seconds - d0,)
+    assert runs[0][:-3] == runs[1][:-3]
+    tokens, stop, steps, held, pos_max, queued, decoded, seconds = runs[1]
+    assert stop == {"length": "length", "eos": "eos", "context": "context", "stopped": "interrupted",
+                    "reader gone": ""}[case] and len(steps) > 3  # fmt: skip
+    assert pos_max == len(held) - 1  # llama.cpp's cache holds what the model says, nothing decoded past it
+    if case not in ("stopped", "reader gone"):
+        assert decoded == runs[0][-2]  # no decode the plain loop does not make
+    if case == "length":  # the steps' shares of their bursts' decode seconds add up to the model's
+        with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
+            gen = SpeculativeGenerator(m, None, prompt, GenerateOptions(max_tokens=24), burst_seconds=60.0)
+            d0 = m.decode_seconds
+            for _ in gen.events():
+                pass
+            total = gen.result.prefill.t_target + sum(s.t_target for s in gen.result.steps)
+            assert math.isclose(total, m.decode_seconds - d0, rel_tol=1e-9) and len(gen.result.steps) == 24
+

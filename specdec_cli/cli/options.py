@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from specdec_cli.engine.settings import (
+    DEFAULT_BURST_MS,
     DEFAULT_CTX,
     DEFAULT_KERNELS,
     DEFAULT_NGRAM,
@@ -173,6 +174,13 @@ class RuntimeOptions:
                      f"{KernelChoice.FAST} drafts with llama.cpp's own kernels, whose output may differ from the "
                      "target alone in rare tokens.", rich_help_panel="Runtime"),
     ] = DEFAULT_KERNELS
+    burst_ms: Annotated[
+        float,
+        typer.Option("--burst-ms", metavar="MS", help="The target alone, greedy (alone in the batch when serving): "
+                     "decode its tokens in bursts of up to MS milliseconds, one call into llama.cpp each, and hand "
+                     "them on together (the same tokens, less host time; the first comes alone). 0: one at a time.",
+                     rich_help_panel="Runtime"),
+    ] = DEFAULT_BURST_MS
     verbose: Annotated[
         bool, typer.Option("--verbose", help="Show llama.cpp's own log.", rich_help_panel="Runtime")
     ] = False
@@ -197,7 +205,7 @@ class RuntimeOptions:
     def load_kwargs(self) -> dict[str, Any]:
         """The API's arguments for where the models run and with which kernels (RPC ones too)."""
         return {"n_gpu_layers": self.gpu_layers, "draft_gpu_layers": self.draft_gpu_layers,
-                "kernels": self.kernels, **self.rpc_kwargs()}  # fmt: skip
+                "kernels": self.kernels, "burst_ms": self.burst_ms, **self.rpc_kwargs()}  # fmt: skip
 
     def rpc_kwargs(self) -> dict[str, Any]:
         """The API's RPC arguments for these options (nothing when --rpc and --draft-rpc are not given)."""

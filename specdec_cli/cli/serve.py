@@ -93,7 +93,8 @@ def serve(
             raise UsageError(f"--port must be from 0 to 65535, got {port}")
         if max_queue < 0:
             raise UsageError(f"--max-queue must be >= 0, got {max_queue}")
-        check_load(n_ctx=runtime.ctx_size, n_threads=runtime.threads, parallel=parallel, prompt_cache_mb=prompt_cache_mb)
+        check_load(n_ctx=runtime.ctx_size, n_threads=runtime.threads, parallel=parallel, prompt_cache_mb=prompt_cache_mb,
+                   burst_ms=runtime.burst_ms)
         key = api_key or os.environ.get("SPECDEC_API_KEY") or None
         sock = listen(host, port)  # before loading: a port in use is one line, at once
         with sock, load(models, runtime, ngram, drafting.kind, parallel=parallel, prompt_cache_mb=prompt_cache_mb) as spec:

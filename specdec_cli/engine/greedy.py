@@ -63,6 +63,8 @@ class NativeGreedy:
         # version 2: decode_argmax and the chain remove seq 0's cells from where they decode (a deferred rollback)
         version = _bare(lib, "version") if hasattr(lib, "llama_specdec_version") else None
         self.removes_stale = version is not None and version() >= 2
+        # version 3 (patches/llama.cpp/0010): a lone generation's greedy tokens in one call, any sequence, in a time
+        self._run_fn = _bare(lib, "greedy_run") if version is not None and version() >= 3 else None
         self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
         self._ctx_p = ctx if isinstance(ctx, ctypes.c_void_p) else ctypes.c_void_p(ctx)
         self._in = (ctypes.c_int32 * 8)()
@@ -134,6 +136,32 @@ class NativeGreedy:
         status = self._status.value
         if status in (NO_TOKEN, NOT_FINITE):
             self._C.llama_memory_seq_rm(self._mem, 0, len(held), -1)
+        return out, status
+
+
+    @property
+    def runs(self) -> bool:
+        """The library has `llama_specdec_greedy_run` (`run`)."""
+        return self._run_fn is not None
+
+    def run(self, batch: LlamaBatch, seq: int, token: int, held: list[int], k: int, sampled: bool,
+            stop: frozenset[int], seconds: float) -> tuple[list[int], int]:  # fmt: skip
+        """`chain` of one token on sequence `seq`, also ended after the decode that brings this call's seconds in
+        llama_decode to `seconds` (a lone generation's tokens, `GreedyMethods.greedy_run`)."""
+        assert self._run_fn is not None
+        self._buffers((token,), k)
+        if self._stop is None or self._stop[0] is not stop:
+            ids: Sequence[int] = sorted(stop)
+            self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
+        n = self._run_fn(self._ctx_p, batch.handle, int(seq), self._in, 1, len(held), int(k), bool(sampled),
+                         self._stop[1], len(stop), ctypes.c_double(seconds), self._out, self._status_p,
+                         self._seconds_p)  # fmt: skip
+        batch.claimed(1, seq)
+        out = self._out[:n]
+        held.extend([token, *out][:n] if n else ())
+        status = self._status.value
+        if status in (NO_TOKEN, NOT_FINITE):
+            self._C.llama_memory_seq_rm(self._mem, seq, len(held), -1)
         return out, status
 
 
@@ -223,6 +251,34 @@ class GreedyMethods:
         self.decoded_tokens += 1
         held.append(token)
         return self._greedy_rows([got])
+
+    def greedy_run(self, seq: int, token: int, k: int, stop: frozenset[int], seconds: float) -> tuple[list[int], bool]:
+        """A lone greedy generation's next tokens on sequence `seq`: `token` decoded, then each greedy token in turn,
+        one decode each, in one call into llama.cpp (`NativeGreedy.run`), until `k` tokens, one in `stop`, a full
+        context, or the decode that brings the call's time in llama_decode to `seconds`; the last token returned is
+        not decoded. The same tokens as `decode_next` one at a time (each decode the same one-token batch, each token
+        the same argmax). Returns the tokens and False where the decode after them gave no finite row (its cells
+        removed, as `decode_next` would leave them for its caller's error). `decode_next` once where the library
+        lacks the call or hidden states are on."""
+        g = self._native
+        if g is None or not g.runs or self.hidden_on or k <= 1:
+            top = self.decode_next(seq, token)
+            return (top, True) if top is not None else ([], False)
+        self._context()
+        held = self.seq_tokens[seq]
+        self._check_room(seq, 1)
+        a = self._argmax
+        sampled = a is not None and seq in a.prepare((seq,), (seq,), self._logits_seen)
+        n_held = len(held)
+        out, status = self._in_c(g.run, self._batch, seq, token, held, min(k, self.n_ctx - n_held), sampled, stop,
+                                 seconds)  # fmt: skip
+        self.decoded_tokens += len(held) - n_held
+        if a is not None and (out or status in (NO_TOKEN, NOT_FINITE)):
+            a.decoded()
+        if status not in (0, NOT_FINITE):
+            self._failed(status, (seq,))
+        self._logits_seen = self._logits_seen or bool(out)
+        return out, status == 0
 
     def _greedy_rows(self, got: list[int]) -> list[int] | None:
         """A part's tokens out of `_decode_rows`: None where a row was not finite, as numpy's path gives."""

@@ -74,10 +74,10 @@ class LlamaBatch:
             seq_id[i][0] = seq
         self.seq[row:end] = seq
 
-    def claimed(self, n: int) -> None:
-        """Rows 0..n-1 were written for sequence 0 outside `fill` (engine/greedy.py's calls, in C)."""
+    def claimed(self, n: int, seq: int = 0) -> None:
+        """Rows 0..n-1 were written for sequence `seq` outside `fill` (engine/greedy.py's calls, in C)."""
         if self.several:
-            self.seq[:n] = 0
+            self.seq[:n] = seq
 
     def logits(self, first: int, n_logits: int) -> np.ndarray:
         """Rows first..first+n_logits of the last decode's outputs: a zero-copy view, valid until the next decode."""

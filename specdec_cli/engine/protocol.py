@@ -139,6 +139,12 @@ class LoadedModel(LanguageModel, Protocol):
         batch engine's plain step at one slot); see `Model.decode_next`."""
         ...
 
+    def greedy_run(self, seq: int, token: int, k: int, stop: frozenset[int], seconds: float) -> tuple[list[int], bool]:
+        """`decode_next` in a burst: `token`, then each greedy token decoded in turn until `k` tokens, one in
+        `stop`, a full context or `seconds` in decodes (the last token not decoded); False: the decode after the
+        tokens gave no finite row. `run_by_steps` is the plain version; see `Model.greedy_run`."""
+        ...
+
     def rollback(self, n_keep: int, seq: int = 0) -> None: ...
 
     def move_seq(self, src: int, dst: int) -> None:
@@ -188,3 +194,19 @@ def chain_by_steps(model: LanguageModel, tokens: Sequence[int], k: int, stop: fr
         top = model.decode_argmax(out[-1:])
         out = out + top[:1] if top is not None else None
     return out
+
+
+def run_by_steps(model: LoadedModel, seq: int, token: int, k: int, stop: frozenset[int],
+                 seconds: float) -> tuple[list[int], bool]:  # fmt: skip
+    """`greedy_run` as one `decode_next` per token (a model with no faster way)."""
+    out: list[int] = []
+    t0 = model.decode_seconds
+    while True:
+        top = model.decode_next(seq, out[-1] if out else token)
+        if top is None:
+            return out, False
+        out += top
+        full = len(model.seq_tokens[seq]) >= model.n_ctx
+        if len(out) >= k or out[-1] in stop or full or 0 < seconds <= model.decode_seconds - t0:
+            return out, True
+

@@ -76,6 +76,10 @@ DEFAULT_PROMPT_CACHE_MB = 512.0  # slots' caches kept in host memory for request
 DEFAULT_P_MIN = 0.0
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_CTX = 4096
+# A lone greedy generation without drafts decodes its tokens in bursts of up to this long, in one call into llama.cpp
+# each (engine/greedy.py's greedy_run), handed on together: no Python between its decodes (docs/design.md#host-time)
+DEFAULT_BURST_MS = 30.0
+MAX_BURST_MS = 1000.0
 MAX_SEED = 2**64 - 1  # numpy's SeedSequence takes any non-negative int; we keep it to 64 bits
 MAX_PARALLEL = 64
 
@@ -143,7 +147,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in (
 # Parameters of loading (not of one generation), checked by `check_load`; their flags, for the CLI.
 LOAD_FLAGS = {"n_ctx": "--ctx-size", "n_threads": "--threads", "parallel": "--parallel",
               "ngram": "--ngram-min/--ngram-max", "drafter": "--drafter", "pool_mb": "--pool-mb",
-              "prompt_cache_mb": "--prompt-cache-mb",
+              "prompt_cache_mb": "--prompt-cache-mb", "burst_ms": "--burst-ms",
               "kernels": "--kernels", "n_gpu_layers": "--gpu-layers", "draft_gpu_layers": "--draft-gpu-layers"}  # fmt: skip
 
 
@@ -249,7 +253,8 @@ def check_drafter(kind: str) -> DrafterKind:
 
 
 def check_load(*, n_ctx: int, n_threads: int | None, parallel: int = 1, ngram: tuple[int, int] = DEFAULT_NGRAM,
-               pool_mb: float = DEFAULT_POOL_MB, prompt_cache_mb: float = DEFAULT_PROMPT_CACHE_MB) -> None:  # fmt: skip
+               pool_mb: float = DEFAULT_POOL_MB, prompt_cache_mb: float = DEFAULT_PROMPT_CACHE_MB,
+               burst_ms: float = DEFAULT_BURST_MS) -> None:  # fmt: skip
     """The parameters of loading a pair (one place; the API calls it, the CLI before loading)."""
     if not 8 <= n_ctx <= 2**31 - 1:
         raise InvalidSetting("n_ctx", n_ctx, "from 8 to 2^31-1")
@@ -263,3 +268,5 @@ def check_load(*, n_ctx: int, n_threads: int | None, parallel: int = 1, ngram: t
         raise InvalidSetting("pool_mb", pool_mb, "a number of megabytes from 0 (off) to 2^20")
     if not (math.isfinite(prompt_cache_mb) and 0 <= prompt_cache_mb <= 1 << 20):
         raise InvalidSetting("prompt_cache_mb", prompt_cache_mb, "a number of megabytes from 0 (off) to 2^20")
+    if not (math.isfinite(burst_ms) and 0 <= burst_ms <= MAX_BURST_MS):
+        raise InvalidSetting("burst_ms", burst_ms, f"a number of milliseconds from 0 (a token at a time) to {MAX_BURST_MS:g}")

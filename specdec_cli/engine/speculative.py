@@ -68,7 +68,10 @@ class SpeculativeGenerator:
         prompt: Sequence[int],
         config: GenerateOptions,
         should_stop: Callable[[], bool] | None = None,
+        burst_seconds: float = 0.0,
     ) -> None:
+        """`burst_seconds` > 0: the target alone, greedy, decodes its tokens in bursts of up to that long in one
+        call into llama.cpp where the model can (`_bursts`)."""
         config.validate()
         check_prompt(len(prompt), target.n_ctx)
         self.target = target
@@ -79,6 +82,7 @@ class SpeculativeGenerator:
         self.rng = np.random.default_rng(config.seed)
         self.eog = target.eog_ids
         self._should_stop = should_stop
+        self.burst_seconds = burst_seconds
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._hidden = False  # the target returns hidden states (for the heads: drafters/medusa.py)
         self.result = Transcript(text="", token_ids=[], stop_reason="", n_prompt=len(prompt))
@@ -147,6 +151,9 @@ class SpeculativeGenerator:
         if greedy and self.drafter is None and getattr(target, "decodes_ahead", bool)():
             yield from self._ahead(context)
             return
+        if greedy and self.drafter is None and self.burst_seconds > 0 and hasattr(target, "greedy_run"):
+            yield from self._bursts(context)
+            return
         index = -1
         while True:
             index += 1
@@ -195,6 +202,46 @@ class SpeculativeGenerator:
             self.result.stop_reason = "interrupted"
             return True
         return False
+
+    def _bursts(self, context: list[int]) -> Iterator[Event]:
+        """`_run`'s loop for the target alone, greedy, where the model decodes a run of greedy tokens in one call
+        (`greedy_run`, engine/greedy.py: no Python between its decodes): the first token alone (the time to the
+        first token is the prompt's), then bursts of up to `burst_seconds` of decoding, each token handed on as
+        a Step of its own as `_run` hands it. The same tokens, steps and stops as `_run`'s (tests/test_greedy.py);
+        a stop asked for mid-burst ends the generation at the token the reader had, and what was decoded past it
+        is rolled back."""
+        cfg, target, res = self.config, self.target, self.result
+        model: Any = target  # the call `_run` checked for
+        index, past = -1, False  # past: the cache holds tokens decoded past those handed on
+        try:
+            while True:
+                if self._stop_asked():
+                    return
+                t0 = time.perf_counter()
+                room = target.n_ctx - (len(context) - 1)
+                if room <= 0:
+                    res.stop_reason = "context"
+                    return
+                k = 1 if index < 0 else max(1, min(MAX_BURST, room, cfg.max_tokens - len(res.token_ids)))
+                tt0 = target.decode_seconds
+                tokens, ok = model.greedy_run(0, context[-1], k, self.eog, self.burst_seconds)
+                times = burst_times(t0, target.decode_seconds - tt0, len(tokens) + (not ok))
+                past = True
+                for i, token in enumerate(tokens):
+                    index += 1
+                    step = self._plain(index, context, NO_DRAFT, token, times())
+                    yield step
+                    if step.stop:
+                        res.stop_reason = step.stop
+                        return
+                    if i + 1 < len(tokens) and self._stop_asked():
+                        return
+                past = False
+                if not ok:  # the decode after them gave no finite row: `verify` raises as `_run`'s would
+                    self.verify(index + 1, context, NO_DRAFT, None, times())
+        finally:
+            if past:
+                target.rollback(len(context) - 1)
 
     def _ahead(self, context: list[int]) -> Iterator[Event]:
         """`_run`'s loop for the target alone, greedy, where its decodes run on a device (`Model.decodes_ahead`):
@@ -306,6 +353,17 @@ class SpeculativeGenerator:
         )
         self.result.steps.append(step)
         return step
+
+
+MAX_BURST = 256  # the most tokens of one burst (`SpeculativeGenerator._bursts`): its time bounds it first
+
+
+def burst_times(t_start: float, t_decode: float, n: int) -> Callable[[], tuple[float, float, float, float]]:
+    """The times of a burst's steps, one call each (`verify`'s `times`): each step its share of the burst's
+    decode seconds and of its wall time besides (its start set back by its share of the burst's wall), so that
+    the steps' times add up to the burst's."""
+    share, wall = t_decode / max(1, n), (time.perf_counter() - t_start) / max(1, n)
+    return lambda: (time.perf_counter() - wall, 0.0, share, 0.0)
 
 
 def prompt_fits(n_prompt: int, n_ctx: int) -> bool:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
 from specdec_cli.engine.batch.drafting import draft_rounds
+from specdec_cli.engine.batch.plain import PlainSteps
 from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.prompt_cache import PromptCache
@@ -56,14 +57,15 @@ from specdec_cli.errors import InternalError, SpecdecError
 
 __all__ = ["BatchEngine", "BatchJob", "SeqView"]
 
-class BatchEngine:
+class BatchEngine(PlainSteps):
     """Owns both models (opened with `n_seq` = slots) and a thread that steps every active job together."""
 
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, state: AutoState, *, ngram: tuple[int, int] = (2, 4),
                  model_k_max: int | None = None, draft_costs: BatchCosts | None = None, pool: TokenPool | None = None,
                  on_step: Callable[[int, int, int], None] | None = None, heads: Heads | None = None,
-                 prompt_cache: PromptCache | None = None) -> None:  # fmt: skip
+                 prompt_cache: PromptCache | None = None, burst_seconds: float = 0.0) -> None:  # fmt: skip
         self.target, self.prompt_cache = target, prompt_cache
+        self.burst_seconds = burst_seconds  # a lone greedy slot's tokens decoded in bursts this long (`_plain_one`)
         self.draft = draft
         self.state = state
         self.ngram = ngram
@@ -330,45 +332,6 @@ class BatchEngine:
             s.job.result.stop_reason = "context"
             self._finish(s)
         return step, n_acc
-
-    def _plain_step(self, gen: list[Slot]) -> None:
-        """Every generating slot's job never drafts (`--no-draft`), no prompt to read: each slot's pending token
-        in one batch (fillers where they make it one pass), verified as a solo run's plain step, without the
-        planner's drafting plans or their records. With one request at a time this is a solo run's step:
-        where the engine's own time per step shows most (docs/design.md#host-time)."""
-        if len(gen) == 1 and gen[0].job is not None and gen[0].job.greedy:
-            self._plain_one(gen[0])
-            return
-        t_step = time.perf_counter()
-        counts = [0] * len(self.slots)
-        parts: dict[int, tuple[list[int], int, int]] = {}
-        for s in gen:
-            s.proposal = NO_DRAFT
-            parts[s.seq], counts[s.seq] = ([s.context[-1]], 1, 0), 1
-        fill = self._fill(parts, counts, gen, self.budget - len(gen)) if len(gen) > 1 else {}
-        ordered = sorted(parts)
-        greedy = {s.seq for s in gen if s.job is not None and s.job.greedy}
-        tt0 = self.target.decode_seconds
-        rows = self.target.decode_many([(seq, *parts[seq]) for seq in ordered], greedy)
-        t_target = self.target.decode_seconds - tt0
-        by_seq = dict(zip(ordered, rows, strict=True))
-        self._after_decode(parts, fill, t_target, 0)
-        for s in gen:
-            self._verify(s, by_seq[s.seq], (t_step, 0.0, t_target, 0.0))
-
-    def _plain_one(self, s: Slot) -> None:
-        """`_plain_step` for one greedy slot: its pending token's decode and greedy token in one call
-        (`decode_next`), nothing to fill, split or roll back; the step's cost and /metrics as `_after_decode`'s."""
-        t_step = time.perf_counter()
-        s.proposal = NO_DRAFT
-        target = self.target
-        tt0 = target.decode_seconds
-        top = target.decode_next(s.seq, s.context[-1])
-        t_target = target.decode_seconds - tt0
-        self.state.costs.observe(1, t_target)
-        if self.on_step is not None:
-            self.on_step(1, 1, 0)
-        self._verify(s, top, (t_step, 0.0, t_target, 0.0))
 
     def _fill(self, parts: dict[int, tuple[list[int], int, int]], counts: list[int], gen: list[Slot],
               room: int) -> dict[int, int]:  # fmt: skip
