@@ -336,6 +336,9 @@ def main() -> None:
                          "what the server layer costs")
     ap.add_argument("--no-fair", action="store_true",
                     help="also run specdec auto with --no-fair: what fair slots cost in tokens per second")
+    ap.add_argument("--burst-too", action="store_true",
+                    help="also run specdec --no-draft with --burst-ms 0 (each token handed on alone, as llama-server "
+                         "streams): what decoding a lone stream's tokens in bursts gains")
     ap.add_argument("--only", default=None, help="comma-separated server labels to run (a diagnosis, not a report)")
     record.add_option(ap)
     args = ap.parse_args()
@@ -363,6 +366,10 @@ def main() -> None:
         servers["specdec auto --no-fair"] = lambda c: live_server("--ctx-size", str(CTX), "--max-queue", "64",
                                                                   "--parallel", slots(c), "--no-fair", *pair_flags,
                                                                   env={"SPECDEC_CALIBRATE": "1"}, timeout=300)  # fmt: skip
+    if args.burst_too:
+        servers["specdec --no-draft --burst-ms 0"] = lambda c: live_server(
+            "--ctx-size", str(CTX), "--max-queue", "64", "--parallel", slots(c), "--no-draft", "--burst-ms", "0",
+            *pair_flags, env={"SPECDEC_CALIBRATE": "1"}, timeout=300)  # fmt: skip
     if args.in_process:
         def in_process(c: int) -> Any:
             from specdec_cli import api
