@@ -6,10 +6,12 @@ logits in host memory. Either way, a step's decode and its argmaxes are one call
 0006): `llama_specdec_decode_argmax` decodes a batch and writes its output rows' greedy tokens,
 `llama_specdec_decode_rows` does the same for chosen rows of a batch of several sequences (the batched server's),
 and `llama_specdec_argmax_chain` runs a greedy draft's catch-up and K tokens, one decode each, until K tokens or
-a stop token. Between two decodes Python costs tens of microseconds of host time, most of it in cold caches (the
-decode has just swept the weights through them): the batch written, the call, the logits row found and reduced,
-the bookkeeping (docs/design.md#host-time). In C that is a few stores and a vectorised argmax, the one numpy's
-path takes: the first maximum, and a row with a NaN anywhere, or an infinite maximum, gives no token.
+a stop token; `llama_specdec_greedy_run` (patch 0010) does the same on any sequence for up to a given time, the
+tokens of a lone greedy generation in bursts (`greedy_run`). Between two decodes Python costs tens of
+microseconds of host time, most of it in cold caches (the decode has just swept the weights through them): the
+batch written, the call, the logits row found and reduced, the bookkeeping (docs/design.md#host-time). In C
+that is a few stores and a vectorised argmax, the one numpy's path takes: the first maximum, and a row with a NaN
+anywhere, or an infinite maximum, gives no token.
 
 Where the library lacks the calls (not specdec's build), numpy's argmax over the logits, one decode at a time.
 """
@@ -41,7 +43,7 @@ def _bare(lib: Any, name: str) -> Any:
 
 
 class NativeGreedy:
-    """The patch's three calls for one context, with their buffers: the tokens in, the stop set, the tokens out."""
+    """The patches' calls for one context, with their buffers: the tokens in, the stop set, the tokens out."""
 
     @staticmethod
     def of(C: Any, ctx: Any) -> NativeGreedy | None:  # noqa: N803
@@ -63,7 +65,7 @@ class NativeGreedy:
         # version 2: decode_argmax and the chain remove seq 0's cells from where they decode (a deferred rollback)
         version = _bare(lib, "version") if hasattr(lib, "llama_specdec_version") else None
         self.removes_stale = version is not None and version() >= 2
-        # version 3 (patches/llama.cpp/0010): a lone generation's greedy tokens in one call, any sequence, in a time
+        # version 3 (patches/llama.cpp/0010): a lone generation's greedy tokens in one call, any sequence, for a time
         self._run_fn = _bare(lib, "greedy_run") if version is not None and version() >= 3 else None
         self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
         self._ctx_p = ctx if isinstance(ctx, ctypes.c_void_p) else ctypes.c_void_p(ctx)
@@ -137,7 +139,6 @@ class NativeGreedy:
         if status in (NO_TOKEN, NOT_FINITE):
             self._C.llama_memory_seq_rm(self._mem, 0, len(held), -1)
         return out, status
-
 
     @property
     def runs(self) -> bool:
