@@ -1,7 +1,7 @@
 """What specdec's loop costs outside llama.cpp: host time per step, beside llama.cpp's own programs.
 
     .venv/bin/python -m benchmarks.host_time [--pair NAME | --target T.gguf --draft D.gguf] [-n 128] [--repeats 3]
-        [--llama-cpp-bin DIR] [--numpy-too]
+        [--llama-cpp-bin DIR] [--numpy-too] [--ahead-too] [--bursts-too]
 
 For the pair (default: the embedded default), greedy: the target alone (one-token steps), the draft model
 at a fixed K of 4, and the auto drafter (which plans every step, drafting or not), the same prompts, in
@@ -43,6 +43,7 @@ PROMPTS = [
 COUNTERPARTS = {"target alone": "llama-bench tokens/s", "model:4": "llama-speculative-simple K=4 tokens/s"}
 NUMPY = " (numpy's path)"
 AHEAD = " (decodes ahead)"  # --ahead-too: the target alone with its decodes queued ahead (SPECDEC_DECODE_AHEAD=1)
+SINGLE = " (a token a call)"  # --bursts-too: the target alone with --burst-ms 0 (a call into llama.cpp a token)
 TARGET = "target alone"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
 CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
            "auto": {"drafter": "auto"}}
@@ -143,6 +144,9 @@ def main() -> None:
     ap.add_argument("--ahead-too", action="store_true",
                     help="the target alone also with each decode queued before its last token goes out "
                          "(SPECDEC_DECODE_AHEAD=1, Model.decodes_ahead: for a GPU), alternating with it")  # fmt: skip
+    ap.add_argument("--bursts-too", action="store_true",
+                    help="the target alone also with --burst-ms 0 (each token a call into llama.cpp, not bursts of "
+                         "them: SpeculativeGenerator._bursts), alternating with it")  # fmt: skip
     record.add_option(ap)
     args = ap.parse_args()
     paths = ["", NUMPY] if args.numpy_too else [""]
@@ -156,6 +160,8 @@ def main() -> None:
         native = {m: m._native for m in (spec.target, spec.draft) if m is not None}
         if args.ahead_too:
             runs[TARGET + AHEAD] = []
+        if args.bursts_too:
+            runs[TARGET + SINGLE] = []
         for rep in range(args.repeats):
             for prompt in PROMPTS:
                 order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
@@ -171,6 +177,12 @@ def main() -> None:
                             runs[TARGET + AHEAD].append(one_run(spec, prompt, args.n, CONFIGS[name]))
                         finally:
                             os.environ.pop(AHEAD_ENV) if was is None else os.environ.update({AHEAD_ENV: was})
+                    if args.bursts_too and name == TARGET:  # the same a token a call, right after
+                        burst, spec.burst_seconds = spec.burst_seconds, 0.0
+                        try:
+                            runs[TARGET + SINGLE].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                        finally:
+                            spec.burst_seconds = burst
             if args.llama_cpp_bin:
                 external_runs.append(llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads))
                 for config, tool in COUNTERPARTS.items():
@@ -187,9 +199,13 @@ def main() -> None:
     ratios = {name: round(statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
                                             for a, b in zip(runs[name], runs[name + NUMPY], strict=True)), 3)
               for name in CONFIGS if name + NUMPY in runs}  # fmt: skip
-    ahead_ratio = (round(statistics.median(a["tokens_per_second"] / b["tokens_per_second"]
-                                           for a, b in zip(runs[TARGET + AHEAD], runs[TARGET], strict=True)), 3)
-                   if TARGET + AHEAD in runs else None)  # fmt: skip
+    def over(a: str, b: str) -> float | None:
+        """The median of a's tokens/s over b's, pair by pair (run side by side); None where a was not run."""
+        return (round(statistics.median(x["tokens_per_second"] / y["tokens_per_second"]
+                                        for x, y in zip(runs[a], runs[b], strict=True)), 3) if a in runs else None)
+
+    ahead_ratio = over(TARGET + AHEAD, TARGET)
+    bursts_ratio = over(TARGET, TARGET + SINGLE) if TARGET + SINGLE in runs else None
     for name, s in summary.items():
         print(f"{name:14s} host {s['host_ms_per_step']:.3f} ms/step (sampling {s['sampling_ms_per_step']:.3f}, "
               f"other {s['other_ms_per_step']:.3f}; decode {s['decode_ms_per_step']:.2f})  "
@@ -199,6 +215,8 @@ def main() -> None:
     if ahead_ratio is not None:
         print(f"{TARGET}: tokens/s with its decodes queued ahead / without, median of pairs run side by side: "
               f"{ahead_ratio:.3f}")
+    if bursts_ratio is not None:
+        print(f"{TARGET}: tokens/s in bursts / a token a call, median of pairs run side by side: {bursts_ratio:.3f}")
     for name, value in external.items():
         print(f"{name}: {value:.1f}")
     side = {config: {"beside": COUNTERPARTS[config], "median": round(statistics.median(r), 3),
@@ -210,7 +228,7 @@ def main() -> None:
         print(f"model:4 part: {label}: {us:.1f} us/step")
     record.save(args, "host-time", threads=args.threads, models=files,
                 data={"settings": {"n": args.n, "repeats": args.repeats, "prompts": PROMPTS, "configs": CONFIGS},
-                      "medians": summary, "native_over_numpy": ratios, "ahead_over_not": ahead_ratio, "llama_cpp": external, "versus_llama_cpp": side,
+                      "medians": summary, "native_over_numpy": ratios, "ahead_over_not": ahead_ratio, "bursts_over_not": bursts_ratio, "llama_cpp": external, "versus_llama_cpp": side,
                       "llama_cpp_runs": external_runs, "parts": profile, "runs": runs})  # fmt: skip
 
 

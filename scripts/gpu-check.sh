@@ -523,8 +523,8 @@ fi
 # --- host time per step on this pair (outside llama_decode), beside llama-bench and llama-speculative-simple ------
 if [ -f "$CODE/benchmarks/host_time.py" ]; then
   step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 120)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" --repeats 1 \
-    --ahead-too ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
-  grep -E "host|tokens/s|part|ahead" "$RAW/host-time.log" | head -16
+    --ahead-too --bursts-too ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
+  grep -E "host|tokens/s|part|ahead|bursts" "$RAW/host-time.log" | head -18
 fi
 
 # --- CUDA graphs across specdec's batch shapes: steady and alternating shapes, with graphs and without ------------

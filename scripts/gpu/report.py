@@ -257,7 +257,8 @@ def report(out: Path, dest: Path) -> None:
     combined = {"stamp": st, "meta": meta, "steps": steps, "probe": probe, "streams": streams,
                 "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in rs],
                 "identity": ident, "batched": batched, "tools": tl, "bench": bn,
-                "host_time": ({k: ht.get(k) for k in ("medians", "llama_cpp", "versus_llama_cpp", "ahead_over_not", "parts")}
+                "host_time": ({k: ht.get(k) for k in ("medians", "llama_cpp", "versus_llama_cpp", "ahead_over_not",
+                                                     "bursts_over_not", "parts")}
                               if isinstance(ht, dict) else None),
                 "graph_shapes": gs}
     (dest / "gpu-check.json").write_text(json.dumps(combined, indent=1))
@@ -349,6 +350,8 @@ def report(out: Path, dest: Path) -> None:
                for k, v in (ht.get("versus_llama_cpp") or {}).items()]
         if ht.get("ahead_over_not") is not None:
             md += [f"- target alone, decodes queued ahead / not (median of pairs): {fmt(ht['ahead_over_not'], 3)}"]
+        if ht.get("bursts_over_not") is not None:
+            md += [f"- target alone, in bursts / a token a call (median of pairs): {fmt(ht['bursts_over_not'], 3)}"]
     if isinstance(gs, dict):
         md += ["", f"## CUDA graphs across batch shapes ({gs.get('target')}, graph_shapes.py)", "",
                "| pattern | shape | ms a call, graphs (A, A) | without | without / with | llama.cpp graph reused |",
