@@ -43,7 +43,9 @@ PROMPTS = [
 COUNTERPARTS = {"target alone": "llama-bench tokens/s", "model:4": "llama-speculative-simple K=4 tokens/s"}
 NUMPY = " (numpy's path)"
 AHEAD = " (decodes ahead)"  # --ahead-too: the target alone with its decodes queued ahead (SPECDEC_DECODE_AHEAD=1)
-SINGLE = " (a token a call)"  # --bursts-too: the target alone with --burst-ms 0 (a call into llama.cpp a token)
+BURSTS = " (bursts)"  # --bursts-too: ... in bursts, never ahead (SPECDEC_DECODE_AHEAD=0)
+SINGLE = " (a token a call)"  # --bursts-too: ... neither (SPECDEC_DECODE_AHEAD=0, --burst-ms 0)
+VARIANTS = {AHEAD: ("1", None), BURSTS: ("0", None), SINGLE: ("0", 0.0)}  # SPECDEC_DECODE_AHEAD, burst seconds
 TARGET = "target alone"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
 CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
            "auto": {"drafter": "auto"}}
@@ -145,8 +147,8 @@ def main() -> None:
                     help="the target alone also with each decode queued before its last token goes out "
                          "(SPECDEC_DECODE_AHEAD=1, Model.decodes_ahead: for a GPU), alternating with it")  # fmt: skip
     ap.add_argument("--bursts-too", action="store_true",
-                    help="the target alone also with --burst-ms 0 (each token a call into llama.cpp, not bursts of "
-                         "them: SpeculativeGenerator._bursts), alternating with it")  # fmt: skip
+                    help="the target alone also in bursts with its decodes never queued ahead, and a token a call "
+                         "(--burst-ms 0: SpeculativeGenerator._bursts), alternating with it")  # fmt: skip
     record.add_option(ap)
     args = ap.parse_args()
     paths = ["", NUMPY] if args.numpy_too else [""]
@@ -158,10 +160,9 @@ def main() -> None:
         spec.remember = False
         spec.generate(PROMPTS[0], max_tokens=16)  # warm-up: first decodes, threads started
         native = {m: m._native for m in (spec.target, spec.draft) if m is not None}
-        if args.ahead_too:
-            runs[TARGET + AHEAD] = []
-        if args.bursts_too:
-            runs[TARGET + SINGLE] = []
+        variants = ([AHEAD] if args.ahead_too else []) + ([BURSTS, SINGLE] if args.bursts_too else [])
+        for v in variants:
+            runs[TARGET + v] = []
         for rep in range(args.repeats):
             for prompt in PROMPTS:
                 order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
@@ -170,18 +171,15 @@ def main() -> None:
                         for m, calls in native.items():
                             m._native = None if path else calls
                         runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
-                    if args.ahead_too and name == TARGET:  # the same with its decodes queued ahead, right after
-                        was = os.environ.get(AHEAD_ENV)
-                        os.environ[AHEAD_ENV] = "1"
+                    for v in variants if name == TARGET else ():  # the target alone the other ways, right after
+                        ahead, seconds = VARIANTS[v]
+                        was, burst = os.environ.get(AHEAD_ENV), spec.burst_seconds
+                        os.environ[AHEAD_ENV] = ahead
+                        spec.burst_seconds = burst if seconds is None else seconds
                         try:
-                            runs[TARGET + AHEAD].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                            runs[TARGET + v].append(one_run(spec, prompt, args.n, CONFIGS[name]))
                         finally:
                             os.environ.pop(AHEAD_ENV) if was is None else os.environ.update({AHEAD_ENV: was})
-                    if args.bursts_too and name == TARGET:  # the same a token a call, right after
-                        burst, spec.burst_seconds = spec.burst_seconds, 0.0
-                        try:
-                            runs[TARGET + SINGLE].append(one_run(spec, prompt, args.n, CONFIGS[name]))
-                        finally:
                             spec.burst_seconds = burst
             if args.llama_cpp_bin:
                 external_runs.append(llama_cpp(args.llama_cpp_bin, spec, args.n, args.threads))
@@ -204,8 +202,8 @@ def main() -> None:
         return (round(statistics.median(x["tokens_per_second"] / y["tokens_per_second"]
                                         for x, y in zip(runs[a], runs[b], strict=True)), 3) if a in runs else None)
 
-    ahead_ratio = over(TARGET + AHEAD, TARGET)
-    bursts_ratio = over(TARGET, TARGET + SINGLE) if TARGET + SINGLE in runs else None
+    ahead_ratio = over(TARGET + AHEAD, TARGET + BURSTS) if TARGET + BURSTS in runs else over(TARGET + AHEAD, TARGET)
+    bursts_ratio = over(TARGET + BURSTS, TARGET + SINGLE)
     for name, s in summary.items():
         print(f"{name:14s} host {s['host_ms_per_step']:.3f} ms/step (sampling {s['sampling_ms_per_step']:.3f}, "
               f"other {s['other_ms_per_step']:.3f}; decode {s['decode_ms_per_step']:.2f})  "
@@ -213,7 +211,8 @@ def main() -> None:
     for name, ratio in ratios.items():
         print(f"{name}: tokens/s on patch 0006's calls / on numpy's path, median of pairs run side by side: {ratio:.3f}")
     if ahead_ratio is not None:
-        print(f"{TARGET}: tokens/s with its decodes queued ahead / without, median of pairs run side by side: "
+        print(f"{TARGET}: tokens/s with its decodes queued ahead / in bursts (or the default without --bursts-too), "
+              "median of pairs run side by side: "
               f"{ahead_ratio:.3f}")
     if bursts_ratio is not None:
         print(f"{TARGET}: tokens/s in bursts / a token a call, median of pairs run side by side: {bursts_ratio:.3f}")

@@ -378,3 +378,28 @@ def test_bursts_give_the_same_run(smol_path: Path, case: str) -> None:
             total = gen.result.prefill.t_target + sum(s.t_target for s in gen.result.steps)
             assert math.isclose(total, m.decode_seconds - d0, rel_tol=1e-9) and len(gen.result.steps) == 24
 
+
+
+def test_decodes_go_ahead_by_default_where_the_logits_are_on_a_gpu(smol_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unasked, the target alone queues each decode ahead where its greedy tokens are llama.cpp's graph's (a GPU:
+    `BackendArgmax`, turned on here for the CPU) and decodes in bursts elsewhere; SPECDEC_DECODE_AHEAD=0 or 1
+    decides instead. Both ways give the same tokens."""
+    from specdec_cli.engine import backend_argmax
+
+    monkeypatch.delenv(greedy.AHEAD_ENV, raising=False)
+    got = []
+    for on_gpu in (False, True):
+        monkeypatch.setattr(backend_argmax, "IN_GRAPH", on_gpu)
+        with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
+            assert m.decodes_ahead() == on_gpu
+            for asked in ("0", "1"):
+                monkeypatch.setenv(greedy.AHEAD_ENV, asked)
+                assert m.decodes_ahead() == (asked == "1")
+            monkeypatch.delenv(greedy.AHEAD_ENV)
+            prompt = m.tokenize(TEXT, add_special=True, parse_special=False)
+            gen = SpeculativeGenerator(m, None, prompt, GenerateOptions(max_tokens=24), burst_seconds=60.0)
+            for _ in gen.events():
+                pass
+            got.append(gen.result.token_ids)
+            assert m.decoded_tokens > 0 and not m.decoding_ahead
+    assert got[0] == got[1] and len(got[0]) == 24

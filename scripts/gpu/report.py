@@ -349,9 +349,9 @@ def report(out: Path, dest: Path) -> None:
         md += [f"- {k} / {v['beside']}, each repeat's: {', '.join(fmt(x, 3) for x in v['repeats'])}"
                for k, v in (ht.get("versus_llama_cpp") or {}).items()]
         if ht.get("ahead_over_not") is not None:
-            md += [f"- target alone, decodes queued ahead / not (median of pairs): {fmt(ht['ahead_over_not'], 3)}"]
+            md += [f"- target alone, decodes queued ahead / in bursts (median of pairs): {fmt(ht['ahead_over_not'], 3)}"]
         if ht.get("bursts_over_not") is not None:
-            md += [f"- target alone, in bursts / a token a call (median of pairs): {fmt(ht['bursts_over_not'], 3)}"]
+            md += [f"- target alone, in bursts / a token a call, neither ahead (median of pairs): {fmt(ht['bursts_over_not'], 3)}"]
     if isinstance(gs, dict):
         md += ["", f"## CUDA graphs across batch shapes ({gs.get('target')}, graph_shapes.py)", "",
                "| pattern | shape | ms a call, graphs (A, A) | without | without / with | llama.cpp graph reused |",

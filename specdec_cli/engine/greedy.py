@@ -31,7 +31,7 @@ from specdec_cli.engine.protocol import LanguageModel, argmax_rows, chain_by_ste
 NO_TOKEN = -100  # a row gave no sampled token (backend sampling)
 NOT_FINITE = -101  # a row of logits held a NaN or an infinite maximum
 ROW_NOT_FINITE, ROW_NO_TOKEN = -1, -2  # `NativeGreedy.rows`' tokens for such rows
-AHEAD_ENV = "SPECDEC_DECODE_AHEAD"  # 1: the target alone's loop queues each decode ahead (decodes_ahead)
+AHEAD_ENV = "SPECDEC_DECODE_AHEAD"  # 1 / 0: the target alone's loop queues each decode ahead / not (decodes_ahead)
 T = TypeVar("T")
 
 
@@ -349,12 +349,14 @@ class GreedyMethods:
     # ------------------------------------------------------------ a decode queued ahead (a GPU's)
     def decodes_ahead(self) -> bool:
         """Whether the target alone's greedy loop queues each decode before it hands on the previous token
-        (`start_next`, `finish_next`): SPECDEC_DECODE_AHEAD=1. Where the logits are on a GPU (`BackendArgmax`),
-        llama_decode returns once the work is queued, and the device computes while the host verifies, emits and
-        relays the last token; on a CPU llama_decode computes before it returns, and a token would reach its
-        reader a decode late. Off unless asked for until a GPU run shows it pays (gpu-check runs `host_time
-        --ahead-too`, both ways side by side): then on by itself where `BackendArgmax` is."""
-        return os.environ.get(AHEAD_ENV, "") == "1" and not self.hidden_on
+        (`start_next`, `finish_next`): where the logits are on a GPU (`BackendArgmax`), or SPECDEC_DECODE_AHEAD=1;
+        never with SPECDEC_DECODE_AHEAD=0. On a GPU llama_decode returns once the work is queued, and the device
+        computes while the host verifies, emits and relays the last token (bursts leave the device idle while the
+        host hands a burst's tokens on: gpu-check's `host_time --ahead-too --bursts-too` times the ways side by
+        side); on a CPU llama_decode computes before it returns, and a token would reach its reader a decode late,
+        so bursts serve there."""
+        asked = os.environ.get(AHEAD_ENV, "")
+        return (asked == "1" or (asked != "0" and self._argmax is not None)) and not self.hidden_on
 
     @property
     def decoding_ahead(self) -> bool:
