@@ -189,6 +189,11 @@ def host_time(name: str, base: str = "results/") -> str:
                               [[c, f1(medians[c]["tokens_per_second"]), t.removesuffix(" tokens/s"), f1(v),
                                 ratio(side[c]["median"] if c in side else medians[c]["tokens_per_second"] / v)]
                                for c, t, v in versus])  # fmt: skip
+    ways = [(label, ht[key]) for label, key in (("decodes queued ahead / in bursts", "ahead_over_not"),
+                                                 ("in bursts / a token a call, neither ahead", "bursts_over_not"))
+            if ht.get(key) is not None and "target alone (bursts)" in medians]  # fmt: skip
+    if ways:  # host_time --ahead-too --bursts-too: the target alone's ways, each pair of runs side by side
+        out += "\n\n" + table(["the target alone, tokens/s", "median of pairs"], [[k, ratio(v)] for k, v in ways])
     parts = (ht.get("parts") or {}).get("us_per_step") or {}
     if parts:
         out += "\n\n" + table(["a model:4 step's host time, part by part", "per step"],
