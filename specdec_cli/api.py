@@ -99,7 +99,8 @@ def load(
     `burst_ms`: a generation of the target alone, greedy (and alone in the batch where `parallel` > 1), decodes
     its tokens in bursts of up to this many milliseconds, each burst one call into llama.cpp with nothing of
     Python's between its decodes, and hands them on together: the same tokens, faster where a token takes a few
-    milliseconds (a GPU, a small model); the first token comes alone. 0: one token at a time.
+    milliseconds; the first token comes alone. 0: one token at a time. Where the target's logits are on a GPU the
+    target alone queues each decode ahead instead (docs/design.md#host-time); the batched lone stream bursts.
 
     `rpc` ("HOST:PORT,..." or a list): the target's layers go to those llama.cpp RPC servers
     (`specdec rpc-server`), split by their free memory or by `tensor_split` (one share per server); the
