@@ -933,3 +933,24 @@ def test_requests_that_never_draft_step_as_solo_runs_without_the_planner(monkeyp
             t.join(60)
         assert [r.generation.token_ids for r in runs] == [ref[0].token_ids, ref_ngram.token_ids]
         assert ref_ngram.token_ids == ref[2].token_ids and max(planned) >= 1  # the n-gram request's steps: planned
+
+
+def test_a_lone_job_given_no_draft_decodes_a_short_burst(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drafting job (the n-gram lookup here; auto alike) alone in the batch, on steps the planner gives no
+    draft: a burst of at most `PLANNED_BURST` tokens (`greedy_run`) instead of one, so that it looks again soon;
+    the text is the target alone's, and the tokens count as plain steps for the planner (realized.py)."""
+    from specdec_cli.engine.batch.plain import PLANNED_BURST
+    from tests.fakes import open_fake
+
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+    prompt = "Name three rivers and say where each one flows."
+    with api.load(open_model=open_fake, n_ctx=1024, drafter="none") as solo:
+        ref = solo.generate(prompt, max_tokens=40)
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="ngram", pool_mb=0) as par:
+        asked: list[int] = []
+        run = par.target.greedy_run
+        monkeypatch.setattr(par.target, "greedy_run", lambda seq, tok, k, *a: (asked.append(k), run(seq, tok, k, *a))[1])
+        got = par.generate(prompt, max_tokens=40)
+        plain = par.batch_engine().planner.realized.plain.get(1)
+    assert got.token_ids == ref.token_ids and got.stats.steps > len(asked)  # its steps: most of them in bursts
+    assert asked and max(asked) == PLANNED_BURST and plain is not None and len(plain) > 0

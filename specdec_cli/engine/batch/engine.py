@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
 from specdec_cli.engine.batch.drafting import draft_rounds
-from specdec_cli.engine.batch.plain import PlainSteps
+from specdec_cli.engine.batch.plain import PLANNED_BURST, PlainSteps
 from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.prompt_cache import PromptCache
@@ -237,6 +237,10 @@ class BatchEngine(PlainSteps):
         t_step = time.perf_counter()
         n_gen, no_prompt = len(gen), not pre  # what the step is measured under (engine/batch/realized.py)
         choices = self.planner.plan(gen, pre)
+        if (no_prompt and n_gen == 1 and self.heads is None and gen[0].job is not None and gen[0].job.greedy
+                and self.burst_seconds > 0 and not any(c.n for c in choices.values())):  # fmt: skip
+            self._plain_one(gen[0], cap=PLANNED_BURST, planned=True)  # nothing worth drafting: a short burst
+            return
         t_draft = draft_rounds(self.draft, self.planner, gen, choices)
         t_sample = time.perf_counter() - t_step - t_draft
         # ---- the target batch

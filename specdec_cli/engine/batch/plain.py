@@ -16,7 +16,12 @@ from specdec_cli.engine.protocol import LoadedModel, Rows
 from specdec_cli.engine.speculative import MAX_BURST, burst_times
 
 if TYPE_CHECKING:
+    from specdec_cli.engine.batch.plan import Planner
     from specdec_cli.engine.drafters.auto import AutoState
+
+# A lone greedy job that may draft, given no draft this step (auto where nothing pays): a burst this many tokens
+# long at most, so that the planner looks again soon (a repeat the lookup would draft from may start any time)
+PLANNED_BURST = 4
 
 
 class PlainSteps:
@@ -27,6 +32,7 @@ class PlainSteps:
     state: AutoState
     budget: int
     burst_seconds: float
+    planner: Planner
     on_step: Callable[[int, int, int], None] | None
 
     if TYPE_CHECKING:  # the engine's
@@ -66,15 +72,16 @@ class PlainSteps:
         for s in gen:
             self._verify(s, by_seq[s.seq], (t_step, 0.0, t_target, 0.0))
 
-    def _plain_one(self, s: Slot) -> None:
+    def _plain_one(self, s: Slot, cap: int = MAX_BURST, planned: bool = False) -> None:
         """`_plain_step` for one greedy slot: its tokens for up to `burst_seconds` of decoding in one call (`greedy_run`,
-        as the solo loop's `_bursts`), each verified as a step; a job ended or stopped mid-burst keeps the tokens
-        handed on, the rest is rolled back; waiting jobs are admitted after the burst."""
+        as the solo loop's `_bursts`), at most `cap`, each verified as a step; a job ended or stopped mid-burst keeps
+        the tokens handed on, the rest is rolled back; waiting jobs are admitted after the burst. `planned`: a
+        drafting job the planner gave no draft this step (`PLANNED_BURST`), its tokens recorded as plain steps."""
         t0 = time.perf_counter()
         s.proposal = NO_DRAFT
         target, job = self.target, s.job
         assert job is not None
-        k = max(1, min(MAX_BURST, job.config.max_tokens - len(job.result.token_ids))) if self.burst_seconds > 0 else 1
+        k = max(1, min(cap, job.config.max_tokens - len(job.result.token_ids))) if self.burst_seconds > 0 else 1
         tt0 = target.decode_seconds
         tokens, ok = target.greedy_run(s.seq, s.context[-1], k, target.eog_ids, self.burst_seconds)
         times = burst_times(t0, target.decode_seconds - tt0, len(tokens) + (not ok))
@@ -84,6 +91,8 @@ class PlainSteps:
             if self.on_step is not None:
                 self.on_step(1, 1, 0)
             self._verify(s, None if token is None else [token], t)
+            if planned:  # a plain step's time, what the planner prices drafting steps against (realized.py)
+                self.planner.realized.plain_step(1, time.perf_counter() - t[0])
             if s.job is not None and i + 1 < len(tokens) and job.should_stop():
                 job.result.stop_reason = "interrupted"
                 self._finish(s)
