@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
 from specdec_cli.engine.batch.drafting import draft_rounds
-from specdec_cli.engine.batch.plain import PLANNED_BURST, PlainSteps
+from specdec_cli.engine.batch.plain import PLANNED_BURST, QUIET_STEPS, PlainSteps
 from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.prompt_cache import PromptCache
@@ -206,6 +206,7 @@ class BatchEngine(PlainSteps):
             slot.heads.begin(job.prompt)
             slot.heads_shadow.clear(keep=1.0)
         slot.draft_offset = 0
+        slot.undrafted = 0
 
     def _finish(self, slot: Slot, error: BaseException | None = None) -> None:
         job = slot.job
@@ -237,9 +238,11 @@ class BatchEngine(PlainSteps):
         t_step = time.perf_counter()
         n_gen, no_prompt = len(gen), not pre  # what the step is measured under (engine/batch/realized.py)
         choices = self.planner.plan(gen, pre)
+        for s in gen:  # steps in a row its planner gave no draft (a regime where nothing pays: a short burst)
+            s.undrafted = 0 if s.seq in choices and choices[s.seq].n else s.undrafted + 1
         if (no_prompt and n_gen == 1 and self.heads is None and gen[0].job is not None and gen[0].job.greedy
-                and self.burst_seconds > 0 and not any(c.n for c in choices.values())):  # fmt: skip
-            self._plain_one(gen[0], cap=PLANNED_BURST, planned=True)  # nothing worth drafting: a short burst
+                and self.burst_seconds > 0 and gen[0].undrafted > QUIET_STEPS):  # fmt: skip
+            self._plain_one(gen[0], cap=PLANNED_BURST, planned=True)
             return
         t_draft = draft_rounds(self.draft, self.planner, gen, choices)
         t_sample = time.perf_counter() - t_step - t_draft

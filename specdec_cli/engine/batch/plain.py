@@ -19,9 +19,12 @@ if TYPE_CHECKING:
     from specdec_cli.engine.batch.plan import Planner
     from specdec_cli.engine.drafters.auto import AutoState
 
-# A lone greedy job that may draft, given no draft this step (auto where nothing pays): a burst this many tokens
-# long at most, so that the planner looks again soon (a repeat the lookup would draft from may start any time)
+# A lone greedy job that may draft, given no draft for more than QUIET_STEPS steps in a row (auto where nothing
+# pays): a burst of at most PLANNED_BURST tokens, so that the planner looks again soon (a repeat the lookup would
+# draft from may start at any token). Where drafts pay now and then, bursts on every undrafted step lost more
+# drafting than they saved (docs/design.md#host-time).
 PLANNED_BURST = 4
+QUIET_STEPS = 8
 
 
 class PlainSteps:
