@@ -118,52 +118,38 @@ class NativeGreedy:
         ret = self._rows_fn(self._ctx_p, batch.handle, n_tokens, self._in, self._sampled, 1, self._out, self._seconds_p)
         return self._out[0], ret
 
-    def chain(
-        self, batch: LlamaBatch, first: Sequence[int], held: list[int], k: int, sampled: bool, stop: frozenset[int]
-    ) -> tuple[list[int], int]:
-        """Decode `first` (sequence 0) after the `held` tokens the cache holds, then each token taken after it,
-        until `k` tokens or a stop token. Returns the tokens written and the status (`decode`'s), and extends
-        `held` with what was decoded and kept: `first` and every token written but the last. A decode whose token
-        did not come out (NO_TOKEN, NOT_FINITE) is not kept: its cells are removed, as numpy's path would not
-        have decoded on."""
+    def chain(self, batch: LlamaBatch, first: Sequence[int], held: list[int], k: int, sampled: bool,
+              stop: frozenset[int], seq: int = 0, seconds: float = 0.0) -> tuple[list[int], int]:  # fmt: skip
+        """Decode `first` on sequence `seq` after the `held` tokens the cache holds, then each token taken after it,
+        until `k` tokens or a stop token, or (`seconds` > 0) after the decode that brings this call's seconds in
+        llama_decode to `seconds`. Returns the tokens written and the status (`decode`'s), and extends `held` with
+        what was decoded and kept: `first` and every token written but the last. A decode whose token did not come
+        out (NO_TOKEN, NOT_FINITE) is not kept: its cells are removed, as numpy's path would not have decoded on.
+        Another sequence than 0, or a time, takes patch 0010's `llama_specdec_greedy_run` (`runs`)."""
         self._buffers(first, k)
         if self._stop is None or self._stop[0] is not stop:  # a generation's stop set: one array for its steps
             ids: Sequence[int] = sorted(stop)
             self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
-        n = self._chain_fn(self._ctx_p, batch.handle, self._in, len(first), len(held), int(k), bool(sampled),
-                           self._stop[1], len(stop), self._out, self._status_p, self._seconds_p)  # fmt: skip
-        batch.claimed(len(first))
+        if seq == 0 and seconds <= 0:
+            n = self._chain_fn(self._ctx_p, batch.handle, self._in, len(first), len(held), int(k), bool(sampled),
+                               self._stop[1], len(stop), self._out, self._status_p, self._seconds_p)  # fmt: skip
+        else:
+            assert self._run_fn is not None
+            n = self._run_fn(self._ctx_p, batch.handle, int(seq), self._in, len(first), len(held), int(k),
+                             bool(sampled), self._stop[1], len(stop), ctypes.c_double(seconds), self._out,
+                             self._status_p, self._seconds_p)  # fmt: skip
+        batch.claimed(len(first), seq)
         out = self._out[:n]
         held.extend([*first, *out][: len(first) + n - 1] if n else ())
         status = self._status.value
         if status in (NO_TOKEN, NOT_FINITE):
-            self._C.llama_memory_seq_rm(self._mem, 0, len(held), -1)
+            self._C.llama_memory_seq_rm(self._mem, seq, len(held), -1)
         return out, status
 
     @property
     def runs(self) -> bool:
-        """The library has `llama_specdec_greedy_run` (`run`)."""
+        """The library has `llama_specdec_greedy_run`: `chain` on any sequence, in a time."""
         return self._run_fn is not None
-
-    def run(self, batch: LlamaBatch, seq: int, token: int, held: list[int], k: int, sampled: bool,
-            stop: frozenset[int], seconds: float) -> tuple[list[int], int]:  # fmt: skip
-        """`chain` of one token on sequence `seq`, also ended after the decode that brings this call's seconds in
-        llama_decode to `seconds` (a lone generation's tokens, `GreedyMethods.greedy_run`)."""
-        assert self._run_fn is not None
-        self._buffers((token,), k)
-        if self._stop is None or self._stop[0] is not stop:
-            ids: Sequence[int] = sorted(stop)
-            self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
-        n = self._run_fn(self._ctx_p, batch.handle, int(seq), self._in, 1, len(held), int(k), bool(sampled),
-                         self._stop[1], len(stop), ctypes.c_double(seconds), self._out, self._status_p,
-                         self._seconds_p)  # fmt: skip
-        batch.claimed(1, seq)
-        out = self._out[:n]
-        held.extend([token, *out][:n] if n else ())
-        status = self._status.value
-        if status in (NO_TOKEN, NOT_FINITE):
-            self._C.llama_memory_seq_rm(self._mem, seq, len(held), -1)
-        return out, status
 
 
 class GreedyMethods:
@@ -255,7 +241,7 @@ class GreedyMethods:
 
     def greedy_run(self, seq: int, token: int, k: int, stop: frozenset[int], seconds: float) -> tuple[list[int], bool]:
         """A lone greedy generation's next tokens on sequence `seq`: `token` decoded, then each greedy token in turn,
-        one decode each, in one call into llama.cpp (`NativeGreedy.run`), until `k` tokens, one in `stop`, a full
+        one decode each, in one call into llama.cpp (`NativeGreedy.chain`), until `k` tokens, one in `stop`, a full
         context, or the decode that brings the call's time in llama_decode to `seconds`; the last token returned is
         not decoded. The same tokens as `decode_next` one at a time (each decode the same one-token batch, each token
         the same argmax). Returns the tokens and False where the decode after them gave no finite row (its cells
@@ -271,7 +257,7 @@ class GreedyMethods:
         a = self._argmax
         sampled = a is not None and seq in a.prepare((seq,), (seq,), self._logits_seen)
         n_held = len(held)
-        out, status = self._in_c(g.run, self._batch, seq, token, held, min(k, self.n_ctx - n_held), sampled, stop,
+        out, status = self._in_c(g.chain, self._batch, (token,), held, min(k, self.n_ctx - n_held), sampled, stop, seq,
                                  seconds)  # fmt: skip
         self.decoded_tokens += len(held) - n_held
         if a is not None and (out or status in (NO_TOKEN, NOT_FINITE)):
