@@ -193,7 +193,9 @@ def test_a_seeded_sampled_run_repeats_whatever_the_timings(smol: Model, smol_q2k
             for b in range(1, 10):
                 state.costs.observe(b, 0.01 * (1 + 0.05 * (b - 1)))
             state.model.observe(4, 4)
-        state.draft_token_seconds = state.draft_samples.add(0.001)
+            # the whole window of draft timings: the load's calibration of the real draft, slow on a busy
+            # machine, must not outvote them (it kept the model from drafting, and this test from testing)
+            state.draft_token_seconds = state.draft_samples.add(0.001)
 
     learn_that_drafting_pays()
     unseeded = spec.generate("Write a line about the sea.", max_tokens=32, temperature=0.9).stats.drafters
