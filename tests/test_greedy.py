@@ -334,14 +334,63 @@ def test_a_burst_is_the_tokens_decode_next_gives_one_at_a_time(smol_path: Path) 
         assert int(a._C.llama_memory_seq_pos_max(a._mem, 1)) == a.n_ctx - 1
 
 
+def test_several_sequences_burst_as_decode_many_steps(smol_path: Path) -> None:
+    """`greedy_runs` (patch 0011: several generations' plain steps in one call) on sequences 2 and 0 of three:
+    each step's tokens those of `decode_many` with the same two rows, the last of each not decoded, the same cells
+    after it (the next decode on both agrees); it ends after the step in which either gives a stop token (not
+    decoded) or reaches its cap, after its time, or after a step during which the interrupt was set."""
+    with (Model(smol_path, n_ctx=128, n_threads=THREADS, n_seq=3) as a,
+          Model(smol_path, n_ctx=128, n_threads=THREADS, n_seq=3) as b):  # fmt: skip
+        assert a._native is not None and a._native.runs_many
+        ids = a.tokenize(TEXT, add_special=True, parse_special=False)
+        for m in (a, b):
+            m.decode_many([(0, ids[:4], 1, 0), (2, ids[:6], 1, 0)], greedy={0, 2})
+        seqs, first = [2, 0], [ids[6], ids[4]]
+        got = a.greedy_runs(seqs, first, [10, 12], frozenset(), 60.0)
+        want: list[list[int]] = [[], []]
+        pending = first
+        for _ in range(10):
+            rows = b.decode_many([(s, [t], 1, 0) for s, t in zip(seqs, pending, strict=True)], greedy=set(seqs))
+            pending = [r[0] for r in rows if r is not None]
+            for w, t in zip(want, pending, strict=True):
+                w.append(t)
+        assert got == (want, True) and a.seq_tokens == b.seq_tokens  # ended at sequence 2's cap
+        assert a.seq_tokens[2] == [*ids[:7], *want[0][:-1]] and a.seq_tokens[0] == [*ids[:5], *want[1][:-1]]
+        step = [(s, [w[-1]], 1, 0) for s, w in zip(seqs, want, strict=True)]
+        assert a.decode_many(step, greedy={0, 2}) == b.decode_many(step, greedy={0, 2})
+        for m in (a, b):  # `first` pending again
+            m.rollback(6, 2)
+            m.rollback(4, 0)
+        stop = frozenset({want[1][6]})  # a token of sequence 0's: either sequence's ends the call
+        end = min(j for j in range(10) if want[0][j] in stop or want[1][j] in stop)
+        again = a.greedy_runs(seqs, first, [50, 50], stop, 60.0)
+        assert again == ([w[: end + 1] for w in want], True) and len(a.seq_tokens[0]) == 5 + end
+        held = [len(a.seq_tokens[s]) for s in seqs]
+        last = [w[-1] for w in again[0]]
+        one = a.greedy_runs(seqs, last, [50, 50], frozenset(), 1e-9)  # its one step took the time
+        assert one is not None and one[1] and [len(w) for w in one[0]] == [1, 1]
+        knock = ctypes.c_int32(1)  # set before the call: one step, as if set during it
+        two = a.greedy_runs(seqs, [w[0] for w in one[0]], [50, 50], frozenset(), 60.0, knock)
+        assert two is not None and two[1] and [len(w) for w in two[0]] == [1, 1]
+        assert [len(a.seq_tokens[s]) for s in seqs] == [n + 2 for n in held]
+        room = a.n_ctx - len(a.seq_tokens[2])
+        rest = a.greedy_runs(seqs, [w[0] for w in two[0]], [500, 500], frozenset(), 60.0)
+        assert rest is not None and rest[1] and len(rest[0][0]) == room and len(a.seq_tokens[2]) == a.n_ctx
+
+
 def test_a_burst_whose_row_is_not_finite_keeps_what_came_before(corrupt_draft_path: Path) -> None:
     """The corrupt draft's logits hold NaNs: no tokens and False, the cache as the model says (the decode whose
-    row was not finite forgotten), as `decode_next`'s None leaves it for its caller's error."""
+    row was not finite forgotten), as `decode_next`'s None leaves it for its caller's error; `greedy_runs` alike
+    for each of its sequences."""
     with Model(corrupt_draft_path, n_ctx=256, n_threads=THREADS, n_seq=2) as m:
         ids = m.tokenize(TEXT, add_special=True, parse_special=False)
         m.decode_many([(1, ids[:5], 0, 0)])
         assert m.greedy_run(1, ids[5], 8, frozenset(), 60.0) == ([], False)
         assert m.seq_tokens[1] == ids[:5] and int(m._C.llama_memory_seq_pos_max(m._mem, 1)) == 4
+        m.decode_many([(0, ids[:3], 0, 0)])
+        assert m.greedy_runs([1, 0], [ids[5], ids[3]], [8, 8], frozenset(), 60.0) == ([[], []], False)
+        assert m.seq_tokens[1] == ids[:5] and int(m._C.llama_memory_seq_pos_max(m._mem, 1)) == 4
+        assert m.seq_tokens[0] == ids[:3] and int(m._C.llama_memory_seq_pos_max(m._mem, 0)) == 2
 
 
 @pytest.mark.parametrize("case", ["length", "eos", "context", "stopped", "reader gone"])

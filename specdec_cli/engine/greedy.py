@@ -3,11 +3,8 @@
 Greedy decoding needs one number per row of logits, its argmax. Where it is computed: in llama.cpp's graph, by a
 greedy backend sampler, where the logits are on a GPU (engine/backend_argmax.py); else on the host, over the
 logits in host memory. Either way, a step's decode and its argmaxes are one call into llama.cpp (patches/llama.cpp/
-0006): `llama_specdec_decode_argmax` decodes a batch and writes its output rows' greedy tokens,
-`llama_specdec_decode_rows` does the same for chosen rows of a batch of several sequences (the batched server's),
-and `llama_specdec_argmax_chain` runs a greedy draft's catch-up and K tokens, one decode each, until K tokens or
-a stop token; `llama_specdec_greedy_run` (patch 0010) does the same on any sequence for up to a given time, the
-tokens of a lone greedy generation in bursts (`greedy_run`). Between two decodes Python costs tens of
+0006, 0010, 0011: engine/native_greedy.py), and so are a lone greedy generation's tokens in bursts (`greedy_run`)
+and several generations' plain steps (`greedy_runs`). Between two decodes Python costs tens of
 microseconds of host time, most of it in cold caches (the decode has just swept the weights through them): the
 batch written, the call, the logits row found and reduced, the bookkeeping (docs/design.md#host-time). In C
 that is a few stores and a vectorised argmax, the one numpy's path takes: the first maximum, and a row with a NaN
@@ -18,7 +15,6 @@ Where the library lacks the calls (not specdec's build), numpy's argmax over the
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,130 +22,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from specdec_cli.engine.backend_argmax import BackendArgmax
 from specdec_cli.engine.llama_batch import LlamaBatch
+from specdec_cli.engine.native_greedy import NO_TOKEN, NOT_FINITE, ROW_NO_TOKEN, ROW_NOT_FINITE, NativeGreedy
 from specdec_cli.engine.protocol import LanguageModel, argmax_rows, chain_by_steps
 
-NO_TOKEN = -100  # a row gave no sampled token (backend sampling)
-NOT_FINITE = -101  # a row of logits held a NaN or an infinite maximum
-ROW_NOT_FINITE, ROW_NO_TOKEN = -1, -2  # `NativeGreedy.rows`' tokens for such rows
 AHEAD_ENV = "SPECDEC_DECODE_AHEAD"  # 1 / 0: the target alone's loop queues each decode ahead / not (decodes_ahead)
 T = TypeVar("T")
-
-
-def _bare(lib: Any, name: str) -> Any:
-    """`llama_specdec_<name>` as a function pointer of its own, no argtypes, returning an int32."""
-    fn = lib[f"llama_specdec_{name}"] if hasattr(lib, "__getitem__") else getattr(lib, f"llama_specdec_{name}")
-    fn.restype = ctypes.c_int32
-    return fn
-
-
-class NativeGreedy:
-    """The patches' calls for one context, with their buffers: the tokens in, the stop set, the tokens out."""
-
-    @staticmethod
-    def of(C: Any, ctx: Any) -> NativeGreedy | None:  # noqa: N803
-        """None where the library lacks the calls: not specdec's build, or one from before they took catch-up
-        tokens and their own argmax (other signatures: a call through these would write past its arguments)."""
-        lib = C._lib
-        names = ("argmax", "decode_argmax", "decode_rows", "argmax_chain")
-        if not all(hasattr(lib, f"llama_specdec_{name}") for name in names):
-            return None
-        return NativeGreedy(C, ctx)
-
-    def __init__(self, C: Any, ctx: Any) -> None:  # noqa: N803
-        lib = C._lib
-        # Function pointers of their own, without argtypes: ctypes' conversion of each argument cost several
-        # microseconds a call in the caches a decode leaves (twelve arguments: about half of the call). The calls
-        # below pass exactly the C types: ints (int32), bools, the batch by value, arrays and pointers.
-        self._decode_fn, self._rows_fn = _bare(lib, "decode_argmax"), _bare(lib, "decode_rows")
-        self._chain_fn = _bare(lib, "argmax_chain")
-        # version 2: decode_argmax and the chain remove seq 0's cells from where they decode (a deferred rollback)
-        version = _bare(lib, "version") if hasattr(lib, "llama_specdec_version") else None
-        self.removes_stale = version is not None and version() >= 2
-        # version 3 (patches/llama.cpp/0010): a lone generation's greedy tokens in one call, any sequence, for a time
-        self._run_fn = _bare(lib, "greedy_run") if version is not None and version() >= 3 else None
-        self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
-        self._ctx_p = ctx if isinstance(ctx, ctypes.c_void_p) else ctypes.c_void_p(ctx)
-        self._in = (ctypes.c_int32 * 8)()
-        self._out = (ctypes.c_int32 * 65)()
-        self._status = ctypes.c_int32(0)
-        self._stop: tuple[frozenset[int], Any] | None = None
-        self._seconds = ctypes.c_double(0.0)  # in llama_decode, over every call: `decode_seconds`
-        self._status_p, self._seconds_p = ctypes.pointer(self._status), ctypes.pointer(self._seconds)
-        self._sampled = (ctypes.c_bool * 8)()
-
-    @property
-    def decode_seconds(self) -> float:
-        """Seconds inside llama_decode during these calls, so far: what the calls spend besides (the argmaxes, the
-        loop) is host time, as numpy's would be."""
-        return self._seconds.value
-
-    def _buffers(self, tokens: Sequence[int], n_out: int) -> None:
-        n = len(tokens)
-        if len(self._in) < n or len(self._out) < n_out:
-            self._in, self._out = (ctypes.c_int32 * max(n, len(self._in)))(), (ctypes.c_int32 * max(n_out, len(self._out)))()
-        self._in[:n] = tokens if isinstance(tokens, list) else list(tokens)
-
-    def decode(self, batch: LlamaBatch, tokens: Sequence[int], pos: int, n_out: int, sampled: bool) -> tuple[list[int], int]:
-        """Decode `tokens` (sequence 0) from `pos`, and take the greedy tokens of the last `n_out` rows (`sampled`:
-        the attached backend sampler's). Returns them and the status: 0, llama_decode's failure (nothing went
-        in), NO_TOKEN or NOT_FINITE (the decode went in, no tokens)."""
-        self._buffers(tokens, n_out)
-        status = self._decode_fn(self._ctx_p, batch.handle, self._in, len(tokens), int(pos), int(n_out), bool(sampled),
-                                 self._out, self._seconds_p)  # int(): no argtypes to take a numpy integer
-        batch.claimed(len(tokens))
-        return (self._out[:n_out] if status == 0 else []), status
-
-    def rows(self, batch: LlamaBatch, n_tokens: int, rows: Sequence[int], sampled: Sequence[bool]) -> tuple[list[int], int]:
-        """Decode the batch as filled (`n_tokens` rows, any sequences), and take the greedy tokens of the output
-        rows `rows` (negative: from the last output), each the backend sampler's where `sampled`. Returns them
-        (ROW_NOT_FINITE, ROW_NO_TOKEN where a row gave none) and llama_decode's return (0: decoded)."""
-        self._buffers(rows, len(rows))
-        if len(self._sampled) < len(rows):
-            self._sampled = (ctypes.c_bool * len(rows))()
-        self._sampled[: len(rows)] = list(sampled)
-        ret = self._rows_fn(self._ctx_p, batch.handle, int(n_tokens), self._in, self._sampled, len(rows), self._out,
-                            self._seconds_p)  # fmt: skip
-        return (self._out[: len(rows)] if ret == 0 else []), ret
-
-    def last(self, batch: LlamaBatch, n_tokens: int, sampled: bool) -> tuple[int, int]:
-        """`rows(batch, n_tokens, [-1], [sampled])` without lists: the last output row's greedy token, and
-        llama_decode's return (the batch engine's plain step at one slot, `GreedyMethods.decode_next`)."""
-        self._in[0], self._sampled[0] = -1, sampled
-        ret = self._rows_fn(self._ctx_p, batch.handle, n_tokens, self._in, self._sampled, 1, self._out, self._seconds_p)
-        return self._out[0], ret
-
-    def chain(self, batch: LlamaBatch, first: Sequence[int], held: list[int], k: int, sampled: bool,
-              stop: frozenset[int], seq: int = 0, seconds: float = 0.0) -> tuple[list[int], int]:  # fmt: skip
-        """Decode `first` on sequence `seq` after the `held` tokens the cache holds, then each token taken after it,
-        until `k` tokens or a stop token, or (`seconds` > 0) after the decode that brings this call's seconds in
-        llama_decode to `seconds`. Returns the tokens written and the status (`decode`'s), and extends `held` with
-        what was decoded and kept: `first` and every token written but the last. A decode whose token did not come
-        out (NO_TOKEN, NOT_FINITE) is not kept: its cells are removed, as numpy's path would not have decoded on.
-        Another sequence than 0, or a time, takes patch 0010's `llama_specdec_greedy_run` (`runs`)."""
-        self._buffers(first, k)
-        if self._stop is None or self._stop[0] is not stop:  # a generation's stop set: one array for its steps
-            ids: Sequence[int] = sorted(stop)
-            self._stop = (stop, (ctypes.c_int32 * max(1, len(ids)))(*ids))
-        if seq == 0 and seconds <= 0:
-            n = self._chain_fn(self._ctx_p, batch.handle, self._in, len(first), len(held), int(k), bool(sampled),
-                               self._stop[1], len(stop), self._out, self._status_p, self._seconds_p)  # fmt: skip
-        else:
-            assert self._run_fn is not None
-            n = self._run_fn(self._ctx_p, batch.handle, int(seq), self._in, len(first), len(held), int(k),
-                             bool(sampled), self._stop[1], len(stop), ctypes.c_double(seconds), self._out,
-                             self._status_p, self._seconds_p)  # fmt: skip
-        batch.claimed(len(first), seq)
-        out = self._out[:n]
-        held.extend([*first, *out][: len(first) + n - 1] if n else ())
-        status = self._status.value
-        if status in (NO_TOKEN, NOT_FINITE):
-            self._C.llama_memory_seq_rm(self._mem, seq, len(held), -1)
-        return out, status
-
-    @property
-    def runs(self) -> bool:
-        """The library has `llama_specdec_greedy_run`: `chain` on any sequence, in a time."""
-        return self._run_fn is not None
 
 
 class GreedyMethods:
@@ -168,6 +45,7 @@ class GreedyMethods:
     decode_seconds: float
     decoded_tokens: int
     _C: Any
+    _mem: Any
     _ctx: Any
     _ahead: int = 0  # 1: a decode queued by `start_next`, its token not taken yet; 2: ... by the graph's sampler
 
@@ -266,6 +144,40 @@ class GreedyMethods:
             self._failed(status, (seq,))
         self._logits_seen = self._logits_seen or bool(out)
         return out, status == 0
+
+    def greedy_runs(self, seqs: Sequence[int], tokens: Sequence[int], caps: Sequence[int], stop: frozenset[int],
+                    seconds: float, interrupt: Any = None) -> tuple[list[list[int]], bool] | None:  # fmt: skip
+        """Several greedy generations' plain steps in one call into llama.cpp (`NativeGreedy.many`): each step
+        decodes the pending token of each of `seqs` (`tokens` first) in one batch, as `decode_many` would, and
+        takes each row's greedy token, until one sequence's token is in `stop` or is its `caps`-th (each cap also
+        bounded by the context), the decode that brings the call's time in llama_decode to `seconds`, or a step
+        during which `interrupt` (a ctypes.c_int32) was set; the last token of each is not decoded. Returns each
+        sequence's tokens (as many each) and False where the step after them failed (a row not finite, no token,
+        llama_decode's failure): its cells removed, for the caller to make that step the usual way, which meets
+        the failure as it would have. None where the library lacks the call or hidden states are on."""
+        g = self._native
+        if g is None or not g.runs_many or self.hidden_on:
+            return None
+        self._context()
+        held = [len(self.seq_tokens[seq]) for seq in seqs]
+        caps = [min(cap, self.n_ctx - n) for cap, n in zip(caps, held, strict=True)]
+        if min(caps) < 1:
+            return None
+        a = self._argmax
+        graph = a.prepare(seqs, seqs, self._logits_seen) if a is not None else frozenset()
+        outs, status = self._in_c(g.many, self._batch, seqs, tokens, held, caps, [s in graph for s in seqs], max(caps),
+                                  stop, seconds, interrupt)  # fmt: skip
+        n = len(outs[0])
+        for seq, token, out in zip(seqs, tokens, outs, strict=True):  # decoded and kept: the first and all but the last
+            self.seq_tokens[seq].extend([token, *out][:n])
+        self.decoded_tokens += n * len(seqs)
+        if a is not None:
+            a.decoded()
+        if status != 0:
+            for seq in seqs:  # the failed step's cells, where its decode went in
+                self._C.llama_memory_seq_rm(self._mem, seq, len(self.seq_tokens[seq]), -1)
+        self._logits_seen = self._logits_seen or n > 0
+        return outs, status == 0
 
     def _greedy_rows(self, got: list[int]) -> list[int] | None:
         """A part's tokens out of `_decode_rows`: None where a row was not finite, as numpy's path gives."""

@@ -74,8 +74,9 @@ class LlamaBatch:
             seq_id[i][0] = seq
         self.seq[row:end] = seq
 
-    def claimed(self, n: int, seq: int = 0) -> None:
-        """Rows 0..n-1 were written for sequence `seq` outside `fill` (engine/greedy.py's calls, in C)."""
+    def claimed(self, n: int, seq: int | Sequence[int] = 0) -> None:
+        """Rows 0..n-1 were written for sequence `seq` (or row i for `seq[i]`) outside `fill` (engine/native_greedy.py's
+        calls, in C)."""
         if self.several:
             self.seq[:n] = seq
 

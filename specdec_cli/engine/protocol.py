@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -145,6 +145,14 @@ class LoadedModel(LanguageModel, Protocol):
         tokens gave no finite row. `run_by_steps` is the plain version; see `Model.greedy_run`."""
         ...
 
+    def greedy_runs(self, seqs: Sequence[int], tokens: Sequence[int], caps: Sequence[int], stop: frozenset[int],
+                    seconds: float, interrupt: Any = None) -> tuple[list[list[int]], bool] | None:  # fmt: skip
+        """Several sequences' plain greedy steps in a burst, one batch a step: until one's token is in `stop` or
+        its `caps`-th, `seconds` in decodes, or a step during which `interrupt` (a ctypes.c_int32) was set; each
+        sequence's tokens (the last not decoded), False where the step after them failed (not kept); None where
+        there is no such call. `runs_by_steps` is the plain version; see `Model.greedy_runs`."""
+        ...
+
     def rollback(self, n_keep: int, seq: int = 0) -> None: ...
 
     def move_seq(self, src: int, dst: int) -> None:
@@ -210,3 +218,26 @@ def run_by_steps(model: LoadedModel, seq: int, token: int, k: int, stop: frozens
         if len(out) >= k or out[-1] in stop or full or 0 < seconds <= model.decode_seconds - t0:
             return out, True
 
+
+def runs_by_steps(model: LoadedModel, seqs: Sequence[int], tokens: Sequence[int], caps: Sequence[int],
+                  stop: frozenset[int], seconds: float, interrupt: Any = None) -> tuple[list[list[int]], bool] | None:  # fmt: skip
+    """`greedy_runs` as one `decode_many` per step (a model with no faster way)."""
+    caps = [min(cap, model.n_ctx - len(model.seq_tokens[seq])) for cap, seq in zip(caps, seqs, strict=True)]
+    if min(caps) < 1:
+        return None
+    outs: list[list[int]] = [[] for _ in seqs]
+    pending, t0 = list(tokens), model.decode_seconds
+    while True:
+        rows = ([model.decode_next(seqs[0], pending[0])] if len(seqs) == 1 else
+                model.decode_many([(seq, [token], 1, 0) for seq, token in zip(seqs, pending, strict=True)], seqs))  # fmt: skip
+        if any(row is None for row in rows):  # the step is not kept: the caller makes it again its usual way
+            for seq in seqs:
+                model.rollback(len(model.seq_tokens[seq]) - 1, seq)
+            return outs, False
+        pending = [int(row[0]) for row in rows if row is not None]
+        for out, token in zip(outs, pending, strict=True):
+            out.append(token)
+        n = len(outs[0])
+        if (any(n >= cap or token in stop for cap, token in zip(caps, pending, strict=True))
+                or 0 < seconds <= model.decode_seconds - t0 or (interrupt is not None and interrupt.value)):  # fmt: skip
+            return outs, True
