@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from specdec_cli.engine.gguf import ModelInfo, SpecialTexts, VocabInfo
-from specdec_cli.engine.protocol import Rows, argmax_of_logits, argmax_rows, chain_by_steps, run_by_steps
+from specdec_cli.engine.protocol import Rows, argmax_of_logits, argmax_rows, chain_by_steps, run_by_steps, runs_by_steps
 from specdec_cli.engine.rpc import Placement
 from specdec_cli.engine.specials import ControlTexts
 from specdec_cli.errors import ContextError
@@ -62,6 +62,8 @@ class FakeModel:
         self.argmax_calls = 0  # decodes whose rows were reduced to their argmax (decode_argmax)
         self.next_calls = 0  # one sequence's next token alone (decode_next: the batch engine's plain step)
         self.run_calls = 0  # bursts of them (greedy_run: a lone greedy slot's)
+        self.runs_calls = 0  # bursts of several sequences' steps (greedy_runs)
+        self.runs_many = True  # False: as a library without greedy_runs (the batch engine's other ways)
         self._last_hidden = np.zeros((0, self.n_embd), np.float32)
 
     # ------------------------------------------------------------ the model
@@ -290,6 +292,13 @@ class FakeGGUF(FakeModel):
     def greedy_run(self, seq: int, token: int, k: int, stop: frozenset[int], seconds: float) -> tuple[list[int], bool]:
         self.run_calls += 1
         return run_by_steps(self, seq, token, k, stop, seconds)
+
+    def greedy_runs(self, seqs: Sequence[int], tokens: Sequence[int], caps: Sequence[int], stop: frozenset[int],
+                    seconds: float, interrupt: Any = None) -> tuple[list[list[int]], bool] | None:  # fmt: skip
+        if not self.runs_many:
+            return None
+        self.runs_calls += 1
+        return runs_by_steps(self, seqs, tokens, caps, stop, seconds, interrupt)
 
     def rollback(self, n_keep: int, seq: int = 0) -> None:
         del self.seq_tokens[seq][n_keep:]

@@ -910,10 +910,10 @@ def test_requests_that_never_draft_step_as_solo_runs_without_the_planner(monkeyp
             pass
         assert run.generation.stop_reason == "interrupted" and 0 < len(run.generation.token_ids) < 30
         assert run.generation.token_ids == ref[0].token_ids[: len(run.generation.token_ids)]
-        # alone and greedy, its tokens came in bursts (`greedy_run`); stopped mid-burst, the slot's cache holds what
+        # alone and greedy, its tokens came in bursts (`greedy_runs`); stopped mid-burst, the slot's cache holds what
         # a plain step's would: the prompt and the tokens handed on, the last pending
         job = run._gen
-        assert isinstance(job, BatchJob) and 0 < par.target.run_calls < sum(nexts[::2])
+        assert isinstance(job, BatchJob) and 0 < par.target.runs_calls < sum(nexts[::2])
         assert par.target.seq_tokens[job.slot] == [*job.prompt, *run.generation.token_ids][:-1]
         decode = par.target.decode_many  # a decode that takes time, so that the requests overlap
         batches: list[int] = []
@@ -935,9 +935,58 @@ def test_requests_that_never_draft_step_as_solo_runs_without_the_planner(monkeyp
         assert ref_ngram.token_ids == ref[2].token_ids and max(planned) >= 1  # the n-gram request's steps: planned
 
 
+def test_greedy_requests_together_decode_their_steps_in_bursts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy requests that never draft (`serve --no-draft`), together: their plain steps in bursts, one call for
+    many steps of all of them (`greedy_runs`, patch 0011), each text its solo run's; cancelled mid-burst, a slot's
+    cache holds what a plain step's would; a request that arrives while others burst is admitted after the
+    burst's step, not at its end (`knock`); without the call, the same texts a step at a time."""
+    from tests.fakes import open_fake
+
+    monkeypatch.setenv("SPECDEC_CALIBRATE", "0")
+    prompts = ["Name three rivers.", "Write a line about the sea.", "Count to five."]
+    with api.load(open_model=open_fake, n_ctx=1024, drafter="none") as solo:
+        ref = [solo.generate(p, max_tokens=n) for p, n in zip(prompts, (60, 200, 1), strict=True)]
+    with api.load(open_model=open_fake, n_ctx=1024, parallel=3, drafter="none") as par:
+        target = par.target
+        sizes: list[int] = []
+        runs, many, one = target.greedy_runs, target.decode_many, target.decode_next
+        monkeypatch.setattr(target, "greedy_runs",  # the bursts' sizes, where the call was there
+                            lambda seqs, *a: (got := runs(seqs, *a), got is None or sizes.append(len(seqs)))[0])
+        # decodes that take time, so that the requests overlap
+        monkeypatch.setattr(target, "decode_many", lambda parts, *a: (time.sleep(0.002), many(parts, *a))[1])
+        monkeypatch.setattr(target, "decode_next", lambda seq, tok: (time.sleep(0.002), one(seq, tok))[1])
+        got = _concurrently(par, prompts[:2], max_tokens=60)
+        assert [g.token_ids for g in got] == [ref[0].token_ids, ref[1].token_ids[:60]]
+        assert max(sizes) == 2 and len(sizes) < 60  # both sequences' steps, many a call
+        asked = itertools.count()
+        long = par.start(prompts[1], max_tokens=200)
+        cut = par.start(prompts[0], max_tokens=60, cancel=lambda: next(asked) >= 8)
+        readers = [threading.Thread(target=lambda r=r: [None for _ in r.events()]) for r in (long, cut)]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(long.generation.token_ids) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        late = par.generate(prompts[2], max_tokens=1)  # arrives while the two burst
+        done_then = len(long.generation.token_ids)
+        for t in readers:
+            t.join(60)
+        assert late.token_ids == ref[2].token_ids and done_then < 200  # in before the burst would have ended
+        assert long.generation.token_ids == ref[1].token_ids
+        n_cut = len(cut.generation.token_ids)
+        assert cut.generation.stop_reason == "interrupted" and 0 < n_cut < 60
+        assert cut.generation.token_ids == ref[0].token_ids[:n_cut]
+        job = cut._gen
+        assert isinstance(job, BatchJob) and target.seq_tokens[job.slot] == [*job.prompt, *cut.generation.token_ids][:-1]
+        target.runs_many = False  # a library without the call
+        sizes.clear()
+        again = _concurrently(par, prompts[:2], max_tokens=60)
+        assert [g.token_ids for g in again] == [g.token_ids for g in got] and not sizes
+
+
 def test_a_lone_job_given_no_draft_decodes_a_short_burst(monkeypatch: pytest.MonkeyPatch) -> None:
     """A drafting job (the n-gram lookup here; auto alike) alone in the batch, on steps the planner gives no
-    draft: a burst of at most `PLANNED_BURST` tokens (`greedy_run`) instead of one, so that it looks again soon;
+    draft: a burst of at most `PLANNED_BURST` tokens (`greedy_runs`) instead of one, so that it looks again soon;
     the text is the target alone's, and the tokens count as plain steps for the planner (realized.py)."""
     from specdec_cli.engine.batch.plain import PLANNED_BURST
     from tests.fakes import open_fake
@@ -948,8 +997,9 @@ def test_a_lone_job_given_no_draft_decodes_a_short_burst(monkeypatch: pytest.Mon
         ref = solo.generate(prompt, max_tokens=40)
     with api.load(open_model=open_fake, n_ctx=1024, parallel=2, drafter="ngram", pool_mb=0) as par:
         asked: list[int] = []
-        run = par.target.greedy_run
-        monkeypatch.setattr(par.target, "greedy_run", lambda seq, tok, k, *a: (asked.append(k), run(seq, tok, k, *a))[1])
+        run = par.target.greedy_runs
+        monkeypatch.setattr(par.target, "greedy_runs",
+                            lambda seqs, toks, caps, *a: (asked.append(max(caps)), run(seqs, toks, caps, *a))[1])
         got = par.generate(prompt, max_tokens=40)
         plain = par.batch_engine().planner.realized.plain.get(1)
     assert got.token_ids == ref.token_ids and got.stats.steps > len(asked)  # its steps: most of them in bursts

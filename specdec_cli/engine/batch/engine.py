@@ -30,6 +30,7 @@ else runs, and a seed must give the same text whatever runs beside it.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 import time
@@ -81,6 +82,7 @@ class BatchEngine(PlainSteps):
                                model_k_max=model_k_max, budget=self.budget)  # fmt: skip
         self.target_hidden = False  # the target returns hidden states (set per step)
         self._waiting: list[BatchJob] = []
+        self.knock = ctypes.c_int32(0)  # a job arrived: a burst running ends after its step (PlainSteps._bursts)
         self._ended: set[int] = set()  # slots whose job ended since the engine last had nothing to step
         self._cond = threading.Condition()
         self._closed = False
@@ -93,6 +95,7 @@ class BatchEngine(PlainSteps):
             if self._closed:
                 raise SpecdecError("this Speculator has been closed")
             self._waiting.append(job)
+            self.knock.value = 1
             self._cond.notify()
         return job
 

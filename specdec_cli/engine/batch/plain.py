@@ -5,9 +5,10 @@ as the solo loop's `SpeculativeGenerator._bursts` decodes them (docs/design.md#h
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdec_cli.engine.batch.slots import Slot
 from specdec_cli.engine.drafters import NO_DRAFT
@@ -36,6 +37,8 @@ class PlainSteps:
     budget: int
     burst_seconds: float
     planner: Planner
+    knock: ctypes.c_int32  # set where a job waits for a free slot: a burst ends after its step (`_bursts`)
+    _waiting: list[Any]
     on_step: Callable[[int, int, int], None] | None
 
     if TYPE_CHECKING:  # the engine's
@@ -57,6 +60,8 @@ class PlainSteps:
         where the engine's own time per step shows most (docs/design.md#host-time)."""
         if len(gen) == 1 and gen[0].job is not None and gen[0].job.greedy:
             self._plain_one(gen[0])
+            return
+        if self.burst_seconds > 0 and all(s.job is not None and s.job.greedy for s in gen) and self._bursts(gen):
             return
         t_step = time.perf_counter()
         counts = [0] * len(self.slots)
@@ -85,6 +90,8 @@ class PlainSteps:
         target, job = self.target, s.job
         assert job is not None
         k = max(1, min(cap, job.config.max_tokens - len(job.result.token_ids))) if self.burst_seconds > 0 else 1
+        if k > 1 and self._bursts([s], cap, planned):
+            return
         tt0 = target.decode_seconds
         tokens, ok = target.greedy_run(s.seq, s.context[-1], k, target.eog_ids, self.burst_seconds)
         times = burst_times(t0, target.decode_seconds - tt0, len(tokens) + (not ok))
@@ -103,3 +110,48 @@ class PlainSteps:
                 break
         if len(target.seq_tokens[s.seq]) > len(s.context) - 1:  # decoded past what its job kept
             target.rollback(len(s.context) - 1, s.seq)
+
+    def _bursts(self, gen: list[Slot], cap: int = MAX_BURST, planned: bool = False) -> bool:
+        """Greedy slots' plain steps for up to `burst_seconds` of decoding in one call into llama.cpp
+        (`greedy_runs`, patch 0011), each step's tokens verified as `_plain_step`'s would be, at most `cap` steps
+        and none past a job's `max_tokens`; the burst also ends after the step in which a job's token ends it,
+        and after the step during which a job arrived for a free slot (`knock`, set by `submit`). A job ended or
+        stopped mid-burst keeps the tokens handed on, the rest is rolled back. False where nothing was done (the
+        library lacks the call, one pass would need fillers, or the first step failed): the caller's usual step,
+        which meets a failure as it would have. `planned`: as `_plain_one`'s."""
+        target, seqs = self.target, [s.seq for s in gen]
+        if len(gen) > 1:
+            counts = [0] * len(self.slots)
+            for seq in seqs:
+                counts[seq] = 1
+            if self.planner.fillers(counts, seqs, self.budget - len(gen)):
+                return False
+        jobs = [s.job for s in gen]
+        caps = [max(1, min(cap, j.config.max_tokens - len(j.result.token_ids))) for j in jobs if j is not None]
+        self.knock.value = int(bool(self._waiting) and any(s.job is None for s in self.slots))
+        t0, tt0 = time.perf_counter(), target.decode_seconds
+        got = target.greedy_runs(seqs, [s.context[-1] for s in gen], caps, target.eog_ids, self.burst_seconds,
+                                 self.knock)  # fmt: skip
+        if got is None or not got[0][0]:
+            return False
+        outs, n = got[0], len(got[0][0])
+        times = burst_times(t0, target.decode_seconds - tt0, n)
+        for i in range(n):
+            t = times()
+            self.state.costs.observe(len(gen), t[2])
+            if self.on_step is not None:
+                self.on_step(len(gen), len(gen), 0)
+            for s, out, job in zip(gen, outs, jobs, strict=True):
+                if s.job is None:  # ended earlier in the burst
+                    continue
+                s.proposal = NO_DRAFT
+                self._verify(s, [out[i]], t)
+                if planned:
+                    self.planner.realized.plain_step(1, time.perf_counter() - t[0])
+                if s.job is not None and i + 1 < n and job is not None and job.should_stop():
+                    job.result.stop_reason = "interrupted"
+                    self._finish(s)
+        for s in gen:  # decoded past what its job kept
+            if len(target.seq_tokens[s.seq]) > len(s.context) - 1:
+                target.rollback(len(s.context) - 1, s.seq)
+        return True
