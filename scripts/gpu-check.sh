@@ -18,7 +18,8 @@
 # exactness (patch 0008's probes, one sequence and several, greedy identity on the 8B Q4_0 pair, and four requests
 # at once through the batch engine), for a device session's last minutes.
 # Environment: GPU_CHECK_BUDGET (seconds for the whole script: 540 on a GPU; a step that would overrun it is
-# skipped, the report is always written), GPU_CHECK_WORK (build, models, caches: build/gpu-check, kept, so a
+# skipped, the report is always written), GPU_CHECK_BUILD_ONLY=1 (stop once the library is built and the models
+# written: a second call on the warm machine then checks without building), GPU_CHECK_WORK (build, models, caches: build/gpu-check, kept, so a
 # second run on a warm machine skips the build and the models), GPU_CHECK_PYTHON (python3; --rehearse:
 # .venv/bin/python), GPU_CHECK_TOOLS_BIN (--rehearse: llama.cpp's tools built for the CPU; by default
 # build/gpu-check-rehearse/tools-build/bin or build/llama.cpp/bin, where they are), GPU_CHECK_LAYERS=99 (pass
@@ -201,17 +202,17 @@ fi
 
 # --- (b) llama.cpp with CUDA, for this GPU's compute capability, on top of the CPU flags of scripts/cmake-args.sh
 BUILT=1
-CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
-[[ "$CC" =~ ^[0-9]+$ ]] || { el "no compute capability from nvidia-smi ('$CC'): building for 90"; CC=90; }
+CUDA_CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+[[ "$CUDA_CC" =~ ^[0-9]+$ ]] || { el "no compute capability from nvidia-smi ('$CUDA_CC'): building for 90"; CUDA_CC=90; }
 # sourced with SPECDEC_GPU=cuda: its $ARGS names CUDA and the architecture itself where it knows how; else they are added
 # shellcheck disable=SC2016
 ARGS=$(cd "$CODE" && SPECDEC_GPU=cuda bash -c 'source scripts/cmake-args.sh >/dev/null && printf %s "$ARGS"')
 if [[ " $ARGS " != *GGML_CUDA=ON* ]]; then
-  ARGS+=" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CC"
+  ARGS+=" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$CUDA_CC"
 elif [[ " $ARGS " != *CMAKE_CUDA_ARCHITECTURES=* ]]; then
-  ARGS+=" -DCMAKE_CUDA_ARCHITECTURES=$CC"
+  ARGS+=" -DCMAKE_CUDA_ARCHITECTURES=$CUDA_CC"
 fi
-fact cuda_arch "$CC"
+fact cuda_arch "$CUDA_CC"
 fact cmake_args "$ARGS"
 el "cmake args: $ARGS"
 NV=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; } || true)
@@ -281,7 +282,7 @@ else
   if [ -f "$BDIR/bin/libllama.so" ] && [ "$(cat "$BDIR/.key" 2>/dev/null)" = "$BKEY" ]; then
     skip build "already built in $BDIR (warm machine)"
     fact build "reused"
-  elif [ -f "$G/prebuilt.tar.xz" ] && [ "$(cat "$G/prebuilt.key" 2>/dev/null)" = "$SRC_KEY" ] && [ "$CC" = 90 ] \
+  elif [ -f "$G/prebuilt.tar.xz" ] && [ "$(cat "$G/prebuilt.key" 2>/dev/null)" = "$SRC_KEY" ] && [ "$CUDA_CC" = 90 ] \
       && rm -rf "$BDIR" && mkdir -p "$BDIR" && tar -xJf "$G/prebuilt.tar.xz" -C "$BDIR" \
       && ! LD_LIBRARY_PATH=$BDIR/bin:$CUDA_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ldd "$BDIR/bin/libggml-cuda.so" | grep "not found"; then
     # gpu-prebuild.sh built this source for sm_90 on a machine without a GPU (CPU flags AVX2, no native ones), and
@@ -339,6 +340,11 @@ export XDG_CACHE_HOME=$W/xdg SPECDEC_CACHE_DIR=$W/cache SPECDEC_CONFIG_DIR=$W/co
 export HF_HUB_OFFLINE=1 NO_COLOR=1 SPECDEC_DEBUG=1
 rm -rf "$SPECDEC_CACHE_DIR" # kernel verdicts and calibrations are measured afresh on every check
 cd "$CODE" || exit 2        # python -m finds specdec_cli in the current folder first
+if [ -n "${GPU_CHECK_BUILD_ONLY:-}" ]; then # built and set up: the next call on the warm machine checks
+  el "GPU_CHECK_BUILD_ONLY: built and set up in $W, stopping here"
+  finish
+  exit 0
+fi
 
 # --- (d) the probe: llama.cpp's kernels, then patch 0008's at every width 1-65, flash attention on ---------------
 if [ "$MODE" = rehearse ]; then
@@ -522,7 +528,8 @@ fi
 
 # --- host time per step on this pair (outside llama_decode), beside llama-bench and llama-speculative-simple ------
 if [ -f "$CODE/benchmarks/host_time.py" ]; then
-  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 120)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" --repeats 1 \
+  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 150)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" \
+    --repeats "$([ "$MODE" = rehearse ] && echo 1 || echo 3)" \
     --ahead-too --bursts-too ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
   grep -E "host|tokens/s|part|ahead|bursts" "$RAW/host-time.log" | head -18
 fi

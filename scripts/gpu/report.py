@@ -321,9 +321,11 @@ def report(out: Path, dest: Path) -> None:
     if isinstance(batched, dict):
         md += ["", "## Four requests at once through the batch engine, against the target alone", ""]
         md += [f"- drafter {k}: **{r['same']} of {batched['prompts']}** identical, {r['tokens']} tokens in {r['seconds']} s, "
-               f"drafted {r['drafted']}, target kernels {r['kernels']}, greedy argmax in the graph for slots "
-               f"{r['graph_argmax_slots']}{'; errors: ' + '; '.join(r['errors']) if r['errors'] else ''}"
+               f"drafted {r['drafted']}, target kernels {r.get('kernels', 'as above')}, greedy argmax in the graph for "
+               f"slots {r.get('graph_argmax_slots', 'as above')}{'; errors: ' + '; '.join(r['errors']) if r['errors'] else ''}"
                for k, r in batched.get("runs", {}).items()]
+        if batched.get("bursts_over_steps"):
+            md.append(f"- no draft, seconds a step a call over in bursts, alternating pairs: {batched['bursts_over_steps']}")
     if tl:
         md += ["", "## llama.cpp's tools (`-inv`: GGML_CUDA_BATCH_INVARIANT=1)", "",
                "| tool | model | fa | test | tok/s | accept |", "|---|---|---|---|---|---|"]
