@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.slots import Slot
 from specdec_cli.engine.drafters import NO_DRAFT
 from specdec_cli.engine.events import Step
@@ -120,14 +121,16 @@ class PlainSteps:
         library lacks the call, one pass would need fillers, or the first step failed): the caller's usual step,
         which meets a failure as it would have. `planned`: as `_plain_one`'s."""
         target, seqs = self.target, [s.seq for s in gen]
-        if len(gen) > 1:
-            counts = [0] * len(self.slots)
-            for seq in seqs:
-                counts[seq] = 1
-            if self.planner.fillers(counts, seqs, self.budget - len(gen)):
-                return False
-        jobs = [s.job for s in gen]
-        caps = [max(1, min(cap, j.config.max_tokens - len(j.result.token_ids))) for j in jobs if j is not None]
+        counts = [0] * len(self.slots)
+        for seq in seqs:
+            counts[seq] = 1
+        if len(gen) > 1 and self.planner.fillers(counts, seqs, self.budget - len(gen)):
+            return False
+        jobs = [s.job for s in gen if s.job is not None]
+        if len(jobs) < len(gen):
+            return False
+        caps = [max(1, min(cap, j.config.max_tokens - len(j.result.token_ids))) for j in jobs]
+        one_pass = len(gen) == 1 or len(ubatch_sizes(counts, self.target.n_batch)) == 1
         self.knock.value = int(bool(self._waiting) and any(s.job is None for s in self.slots))
         t0, tt0 = time.perf_counter(), target.decode_seconds
         got = target.greedy_runs(seqs, [s.context[-1] for s in gen], caps, target.eog_ids, self.burst_seconds,
@@ -138,7 +141,8 @@ class PlainSteps:
         times = burst_times(t0, target.decode_seconds - tt0, n)
         for i in range(n):
             t = times()
-            self.state.costs.observe(len(gen), t[2])
+            if one_pass:  # as `_after_decode` records a plain step's batch
+                self.state.costs.observe(len(gen), t[2])
             if self.on_step is not None:
                 self.on_step(len(gen), len(gen), 0)
             for s, out, job in zip(gen, outs, jobs, strict=True):
@@ -148,7 +152,7 @@ class PlainSteps:
                 self._verify(s, [out[i]], t)
                 if planned:
                     self.planner.realized.plain_step(1, time.perf_counter() - t[0])
-                if s.job is not None and i + 1 < n and job is not None and job.should_stop():
+                if s.job is not None and i + 1 < n and job.should_stop():
                     job.result.stop_reason = "interrupted"
                     self._finish(s)
         for s in gen:  # decoded past what its job kept
