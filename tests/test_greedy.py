@@ -10,12 +10,13 @@ import itertools
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 from specdec_cli.engine import greedy
+from specdec_cli.engine.drafters import Proposal
 from specdec_cli.engine.events import Step
 from specdec_cli.engine.model import Model
 from specdec_cli.engine.native import bindings
@@ -427,6 +428,60 @@ def test_bursts_give_the_same_run(smol_path: Path, case: str) -> None:
             total = gen.result.prefill.t_target + sum(s.t_target for s in gen.result.steps)
             assert math.isclose(total, m.decode_seconds - d0, rel_tol=1e-9) and len(gen.result.steps) == 24
 
+
+
+class _Silent:
+    """A drafter that never proposes anything (auto, or the n-gram lookup, where nothing pays): counts its calls."""
+
+    def __init__(self) -> None:
+        self.asked = self.told = 0
+
+    def begin(self, prompt: Any) -> None:
+        pass
+
+    def propose(self, req: Any) -> Proposal:
+        self.asked += 1
+        return Proposal(k=req.k, note="nothing")
+
+    def accept(self, outcome: Any) -> None:
+        self.told += 1
+
+    def decode_seconds(self) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("case", ["length", "eos", "stopped", "reader gone"])
+def test_a_quiet_drafter_gets_short_bursts_and_the_same_run(smol_path: Path, case: str) -> None:
+    """A drafting loop whose drafter has proposed nothing for more than QUIET_STEPS steps in a row decodes short
+    bursts (`_quiet_burst`: at most PLANNED_BURST tokens a call) against a token a step: the same tokens, steps and
+    stop, and the same cache after it; the drafter is told every step's outcome but asked only once a burst."""
+    from specdec_cli.engine.plain_loops import PLANNED_BURST, QUIET_STEPS
+
+    runs, silent = [], []
+    for burst in (0.0, 60.0):
+        with Model(smol_path, n_ctx=256, n_threads=THREADS) as m:
+            prompt = m.tokenize(TEXT, add_special=True, parse_special=False)
+            ref = generate(m, None, prompt, GenerateOptions(max_tokens=40)).token_ids
+            m.rollback(0)
+            d, box = _Silent(), []  # box: the generator, for its stop
+            gen = SpeculativeGenerator(m, cast(Any, d), prompt, GenerateOptions(max_tokens=40), burst_seconds=burst,
+                                       should_stop=(lambda box=box: len(box[0].result.token_ids) >= 23)
+                                       if case == "stopped" else None)  # fmt: skip
+            box.append(gen)
+            if case == "eos":
+                gen.eog = frozenset({ref[20]})
+            events = gen.events()
+            steps = [e for e in itertools.islice(events, 19 if case == "reader gone" else None) if isinstance(e, Step)]
+            events.close()
+            m._context()
+            runs.append((gen.result.token_ids, gen.result.stop_reason, [(s.index, s.emitted, s.stop) for s in steps],
+                         list(m.seq_tokens[0]), int(m._C.llama_memory_seq_pos_max(m._mem, 0))))
+            silent.append((d.asked, d.told, len(gen.result.steps)))
+    assert runs[0] == runs[1] and runs[1][4] == len(runs[1][3]) - 1  # the cache holds nothing decoded past it
+    assert runs[1][1] == {"length": "length", "eos": "eos", "stopped": "interrupted", "reader gone": ""}[case]
+    (asked0, told0, n0), (asked, told, n) = silent
+    assert told0 == n0 and asked0 >= n0 - 1  # a token a step: asked (but for a last token) and told every step
+    assert told == n and QUIET_STEPS < asked <= QUIET_STEPS + 1 - (QUIET_STEPS - n) // PLANNED_BURST < n  # once a burst
 
 
 def test_decodes_go_ahead_by_default_where_the_logits_are_on_a_gpu(smol_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,7 +29,6 @@ import codecs
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any
 
 import numpy as np
 
@@ -37,6 +36,7 @@ from specdec_cli.engine import native
 from specdec_cli.engine.drafters import NO_DRAFT, Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
+from specdec_cli.engine.plain_loops import QUIET_STEPS, PlainLoops
 from specdec_cli.engine.protocol import LanguageModel
 from specdec_cli.engine.sampling import (
     Dist,
@@ -58,7 +58,7 @@ def _row_dist(rows: np.ndarray, sampler: SamplerSettings, i: int) -> Dist:
 PLAIN = (TARGET,)  # the source of a plain step's one token
 
 
-class SpeculativeGenerator:
+class SpeculativeGenerator(PlainLoops):
     """Runs one generation; iterate `events()`, then read `result`."""
 
     def __init__(
@@ -154,7 +154,8 @@ class SpeculativeGenerator:
         if greedy and self.drafter is None and self.burst_seconds > 0 and hasattr(target, "greedy_run"):
             yield from self._bursts(context)
             return
-        index = -1
+        index, quiet = -1, 0  # quiet: steps in a row the drafter proposed nothing (`_quiet_burst`)
+        bursts = greedy and self.burst_seconds > 0 and not self._hidden and hasattr(target, "greedy_run")
         while True:
             index += 1
             if self._stop_asked():
@@ -180,6 +181,12 @@ class SpeculativeGenerator:
                 t_draft = drafter.decode_seconds() - td0
                 t_sample = time.perf_counter() - t0 - t_draft
             drafted = proposal.tokens
+            quiet = quiet + 1 if drafter is not None and k > 0 and not drafted else 0
+            if bursts and quiet > QUIET_STEPS:
+                index, ended = yield from self._quiet_burst(index, context, proposal, (t_step, t_draft, 0.0, t_sample))
+                if ended:
+                    return
+                continue
 
             tt0 = target.decode_seconds
             batch = [context[-1], *drafted]
@@ -202,81 +209,6 @@ class SpeculativeGenerator:
             self.result.stop_reason = "interrupted"
             return True
         return False
-
-    def _bursts(self, context: list[int]) -> Iterator[Event]:
-        """`_run`'s loop for the target alone, greedy, where the model decodes a run of greedy tokens in one call
-        (`greedy_run`, engine/greedy.py: no Python between its decodes): the first token alone (the time to the
-        first token is the prompt's), then bursts of up to `burst_seconds` of decoding, each token handed on as
-        a Step of its own as `_run` hands it. The same tokens, steps and stops as `_run`'s (tests/test_greedy.py);
-        a stop asked for mid-burst ends the generation at the token the reader had, and what was decoded past it
-        is rolled back."""
-        cfg, target, res = self.config, self.target, self.result
-        model: Any = target  # the call `_run` checked for
-        index, past = -1, False  # past: the cache holds tokens decoded past those handed on
-        try:
-            while True:
-                if self._stop_asked():
-                    return
-                t0 = time.perf_counter()
-                room = target.n_ctx - (len(context) - 1)
-                if room <= 0:
-                    res.stop_reason = "context"
-                    return
-                k = 1 if index < 0 else max(1, min(MAX_BURST, room, cfg.max_tokens - len(res.token_ids)))
-                tt0 = target.decode_seconds
-                tokens, ok = model.greedy_run(0, context[-1], k, self.eog, self.burst_seconds)
-                times = burst_times(t0, target.decode_seconds - tt0, len(tokens) + (not ok))
-                past = True
-                for i, token in enumerate(tokens):
-                    index += 1
-                    step = self._plain(index, context, NO_DRAFT, token, times())
-                    yield step
-                    if step.stop:
-                        res.stop_reason = step.stop
-                        return
-                    if i + 1 < len(tokens) and self._stop_asked():
-                        return
-                past = False
-                if not ok:  # the decode after them gave no finite row: `verify` raises as `_run`'s would
-                    self.verify(index + 1, context, NO_DRAFT, None, times())
-        finally:
-            if past:
-                target.rollback(len(context) - 1)
-
-    def _ahead(self, context: list[int]) -> Iterator[Event]:
-        """`_run`'s loop for the target alone, greedy, where its decodes run on a device (`Model.decodes_ahead`):
-        each step's decode is queued (`start_next`) before the last step's token is verified, emitted and handed
-        to the reader, so that the host's part of a step, the reader's included, runs while the device computes.
-        The same tokens, steps and stops as `_run`'s (tests/test_greedy.py): a decode is queued only where `_run`
-        would make it next (not after an end token, the last token `max_tokens` allows, or in a full context),
-        and one queued when the generation ends anyway (a stop asked for while the reader had the last step,
-        or the reader gone) is rolled back."""
-        cfg, target, res = self.config, self.target, self.result
-        model: Any = target  # the calls `decodes_ahead` promises
-        index = -1
-        tt0 = target.decode_seconds
-        model.start_next(context[-1])
-        try:
-            while True:
-                index += 1
-                if self._stop_asked():
-                    return
-                t_step = time.perf_counter()
-                top = model.finish_next()
-                t_target, tt0 = target.decode_seconds - tt0, target.decode_seconds
-                if (top is not None and top[0] not in self.eog and len(res.token_ids) + 1 < cfg.max_tokens
-                        and len(context) < target.n_ctx):  # fmt: skip
-                    model.start_next(top[0])  # the next step's decode, queued before this step's token goes out
-                step, _ = self.verify(index, context, NO_DRAFT, top, (t_step, 0.0, t_target, 0.0))
-                yield step
-                if step.stop:
-                    res.stop_reason = step.stop
-                    return
-                if not model.decoding_ahead:  # the context is full: `_run` stops here too
-                    res.stop_reason = "context"
-                    return
-        finally:
-            model.cancel_next()
 
     def verify(
         self, index: int, context: list[int], proposal: Proposal, rows: np.ndarray | list[int] | None,
@@ -353,17 +285,6 @@ class SpeculativeGenerator:
         )
         self.result.steps.append(step)
         return step
-
-
-MAX_BURST = 256  # the most tokens of one burst (`SpeculativeGenerator._bursts`): its time bounds it first
-
-
-def burst_times(t_start: float, t_decode: float, n: int) -> Callable[[], tuple[float, float, float, float]]:
-    """The times of a burst's steps, one call each (`verify`'s `times`): each step its share of the burst's
-    decode seconds and of its wall time besides (its start set back by its share of the burst's wall), so that
-    the steps' times add up to the burst's."""
-    share, wall = t_decode / max(1, n), (time.perf_counter() - t_start) / max(1, n)
-    return lambda: (time.perf_counter() - wall, 0.0, share, 0.0)
 
 
 def prompt_fits(n_prompt: int, n_ctx: int) -> bool:

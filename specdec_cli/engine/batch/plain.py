@@ -14,19 +14,14 @@ from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.slots import Slot
 from specdec_cli.engine.drafters import NO_DRAFT
 from specdec_cli.engine.events import Step
+from specdec_cli.engine.plain_loops import MAX_BURST, PLANNED_BURST, QUIET_STEPS, burst_times
 from specdec_cli.engine.protocol import LoadedModel, Rows
-from specdec_cli.engine.speculative import MAX_BURST, burst_times
 
 if TYPE_CHECKING:
     from specdec_cli.engine.batch.plan import Planner
     from specdec_cli.engine.drafters.auto import AutoState
 
-# A lone greedy job that may draft, given no draft for more than QUIET_STEPS steps in a row (auto where nothing
-# pays): a burst of at most PLANNED_BURST tokens, so that the planner looks again soon (a repeat the lookup would
-# draft from may start at any token). Where drafts pay now and then, bursts on every undrafted step lost more
-# drafting than they saved (docs/design.md#host-time).
-PLANNED_BURST = 4
-QUIET_STEPS = 8
+__all__ = ["PLANNED_BURST", "QUIET_STEPS", "PlainSteps"]  # a lone drafting job's short bursts: engine/plain_loops.py
 
 
 class PlainSteps:
