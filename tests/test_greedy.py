@@ -453,7 +453,7 @@ class _Silent:
 @pytest.mark.parametrize("case", ["length", "eos", "stopped", "reader gone"])
 def test_a_quiet_drafter_gets_short_bursts_and_the_same_run(smol_path: Path, case: str) -> None:
     """A drafting loop whose drafter has proposed nothing for more than QUIET_STEPS steps in a row decodes short
-    bursts (`_quiet_burst`: at most PLANNED_BURST tokens a call) against a token a step: the same tokens, steps and
+    bursts (`_burst`: at most PLANNED_BURST tokens a call) against a token a step: the same tokens, steps and
     stop, and the same cache after it; the drafter is told every step's outcome but asked only once a burst."""
     from specdec_cli.engine.plain_loops import PLANNED_BURST, QUIET_STEPS
 

@@ -1,7 +1,7 @@
 """The generation loop's plain ways, a mixin of engine/speculative.py's `SpeculativeGenerator` (`PlainLoops`): the
 target alone, greedy, in bursts of tokens decoded in one call into llama.cpp (`_bursts`) or with each decode
 queued ahead on a device (`_ahead`), and a drafting loop's short bursts where its drafter has proposed nothing for
-a while (`_quiet_burst`). Each keeps `_run`'s tokens, steps and stops (tests/test_greedy.py compares them);
+a while (`_burst`). Each keeps `_run`'s tokens, steps and stops (tests/test_greedy.py compares them);
 docs/design.md#host-time says why."""
 
 from __future__ import annotations
@@ -56,42 +56,22 @@ class PlainLoops:
     def _bursts(self, context: list[int]) -> Iterator[Event]:
         """`_run`'s loop for the target alone, greedy, where the model decodes a run of greedy tokens in one call
         (`greedy_run`, engine/greedy.py: no Python between its decodes): the first token alone (the time to the
-        first token is the prompt's), then bursts of up to `burst_seconds` of decoding, each token handed on as
-        a Step of its own as `_run` hands it. The same tokens, steps and stops as `_run`'s (tests/test_greedy.py);
-        a stop asked for mid-burst ends the generation at the token the reader had, and what was decoded past it
-        is rolled back."""
+        first token is the prompt's), then bursts of up to `burst_seconds` of decoding (`_burst`). The same
+        tokens, steps and stops as `_run`'s (tests/test_greedy.py)."""
         cfg, target, res = self.config, self.target, self.result
-        model: Any = target  # the call `_run` checked for
-        index, past = -1, False  # past: the cache holds tokens decoded past those handed on
-        try:
-            while True:
-                if self._stop_asked():
-                    return
-                t0 = time.perf_counter()
-                room = target.n_ctx - (len(context) - 1)
-                if room <= 0:
-                    res.stop_reason = "context"
-                    return
-                k = 1 if index < 0 else max(1, min(MAX_BURST, room, cfg.max_tokens - len(res.token_ids)))
-                tt0 = target.decode_seconds
-                tokens, ok = model.greedy_run(0, context[-1], k, self.eog, self.burst_seconds)
-                times = burst_times(t0, target.decode_seconds - tt0, len(tokens) + (not ok))
-                past = True
-                for i, token in enumerate(tokens):
-                    index += 1
-                    step = self._plain(index, context, NO_DRAFT, token, times())
-                    yield step
-                    if step.stop:
-                        res.stop_reason = step.stop
-                        return
-                    if i + 1 < len(tokens) and self._stop_asked():
-                        return
-                past = False
-                if not ok:  # the decode after them gave no finite row: `verify` raises as `_run`'s would
-                    self.verify(index + 1, context, NO_DRAFT, None, times())
-        finally:
-            if past:
-                target.rollback(len(context) - 1)
+        index = -1
+        while True:
+            if self._stop_asked():
+                return
+            t0 = time.perf_counter()
+            room = target.n_ctx - (len(context) - 1)
+            if room <= 0:
+                res.stop_reason = "context"
+                return
+            k = 1 if index < 0 else max(1, min(MAX_BURST, room, cfg.max_tokens - len(res.token_ids)))
+            index, ended = yield from self._burst(index + 1, context, k, NO_DRAFT, (t0, 0.0, 0.0, 0.0))
+            if ended:
+                return
 
     def _ahead(self, context: list[int]) -> Iterator[Event]:
         """`_run`'s loop for the target alone, greedy, where its decodes run on a device (`Model.decodes_ahead`):
@@ -128,25 +108,25 @@ class PlainLoops:
         finally:
             model.cancel_next()
 
-    def _quiet_burst(self, index: int, context: list[int], proposal: Proposal,
-                     times: tuple[float, float, float, float]) -> Generator[Event, None, tuple[int, bool]]:  # fmt: skip
-        """A drafting loop's plain step (greedy) where its drafter has proposed nothing for more than QUIET_STEPS
-        steps in a row: at most PLANNED_BURST greedy tokens in one call into llama.cpp (`greedy_run`), each handed
-        on as a Step of its own and told to the drafter as a plain step's outcome, the first with the step's
-        `proposal` and its drafting `times`. Returns the last step's index and whether the generation ended (a
-        stop; a stop asked for mid-burst ends it at the token the reader had, the rest rolled back)."""
-        cfg, target, res = self.config, self.target, self.result
+    def _burst(self, index: int, context: list[int], k: int, proposal: Proposal,
+               times: tuple[float, float, float, float]) -> Generator[Event, None, tuple[int, bool]]:  # fmt: skip
+        """At most `k` greedy tokens in one call into llama.cpp (`greedy_run`), from step `index` on, each handed
+        on as a Step of its own (and, where there is a drafter, told to it as a plain step's outcome), the first
+        with the step's `proposal` and the drafting `times` it began with. Returns the last step's index and
+        whether the generation ended: a stop, or a stop asked for mid-burst, which ends it at the token the
+        reader had; what was decoded past that is rolled back. `_bursts`' and a quiet drafter's steps (`_run`:
+        its drafter proposed nothing for more than QUIET_STEPS steps in a row, PLANNED_BURST tokens a burst)."""
+        target, res = self.target, self.result
         model: Any = target  # the call `_run` checked for
         t_step, t_draft, _, t_sample = times
-        k = max(1, min(PLANNED_BURST, target.n_ctx - (len(context) - 1), cfg.max_tokens - len(res.token_ids)))
         t0, tt0 = time.perf_counter(), target.decode_seconds
         tokens, ok = model.greedy_run(0, context[-1], k, self.eog, self.burst_seconds)
         share = burst_times(t0, target.decode_seconds - tt0, len(tokens) + (not ok))
-        past, told = True, proposal
+        past, told = True, proposal  # past: the cache holds tokens decoded past those handed on
         try:
             for i, token in enumerate(tokens):
                 t = share()
-                if i == 0:  # the step that asked the drafter: its drafting and sampling time too
+                if i == 0:  # the step that began before the call: its drafting and sampling time too
                     t = (t[0] - (t0 - t_step), t_draft, t[2], t_sample)
                 step = self._plain(index, context, told, token, t)
                 if self.drafter is not None:

@@ -36,7 +36,7 @@ from specdec_cli.engine import native
 from specdec_cli.engine.drafters import NO_DRAFT, Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
-from specdec_cli.engine.plain_loops import QUIET_STEPS, PlainLoops
+from specdec_cli.engine.plain_loops import PLANNED_BURST, QUIET_STEPS, PlainLoops
 from specdec_cli.engine.protocol import LanguageModel
 from specdec_cli.engine.sampling import (
     Dist,
@@ -154,7 +154,7 @@ class SpeculativeGenerator(PlainLoops):
         if greedy and self.drafter is None and self.burst_seconds > 0 and hasattr(target, "greedy_run"):
             yield from self._bursts(context)
             return
-        index, quiet = -1, 0  # quiet: steps in a row the drafter proposed nothing (`_quiet_burst`)
+        index, quiet = -1, 0  # quiet: steps in a row the drafter proposed nothing (`_burst`)
         bursts = greedy and self.burst_seconds > 0 and not self._hidden and hasattr(target, "greedy_run")
         while True:
             index += 1
@@ -183,7 +183,8 @@ class SpeculativeGenerator(PlainLoops):
             drafted = proposal.tokens
             quiet = quiet + 1 if drafter is not None and k > 0 and not drafted else 0
             if bursts and quiet > QUIET_STEPS:
-                index, ended = yield from self._quiet_burst(index, context, proposal, (t_step, t_draft, 0.0, t_sample))
+                n = max(1, min(PLANNED_BURST, room, cfg.max_tokens - len(res.token_ids)))
+                index, ended = yield from self._burst(index, context, n, proposal, (t_step, t_draft, 0.0, t_sample))
                 if ended:
                     return
                 continue

@@ -1,7 +1,7 @@
 """The batch engine's steps without drafts (`PlainSteps`, a mixin of engine/batch/engine.py's `BatchEngine`): every
-generating job runs `--no-draft` and no prompt is read. Several slots: their pending tokens in one batch. One greedy
-slot, the server's single stream: a burst of its tokens in one call into llama.cpp (`greedy_run`, engine/greedy.py),
-as the solo loop's `SpeculativeGenerator._bursts` decodes them (docs/design.md#host-time)."""
+generating job runs `--no-draft` and no prompt is read. Their pending tokens in one batch; where they are greedy,
+many such steps in one call into llama.cpp (`greedy_runs`, engine/greedy.py), as the solo loop's
+`SpeculativeGenerator._bursts` decodes the target alone's tokens (docs/design.md#host-time)."""
 
 from __future__ import annotations
 
@@ -77,35 +77,25 @@ class PlainSteps:
             self._verify(s, by_seq[s.seq], (t_step, 0.0, t_target, 0.0))
 
     def _plain_one(self, s: Slot, cap: int = MAX_BURST, planned: bool = False) -> None:
-        """`_plain_step` for one greedy slot: its tokens for up to `burst_seconds` of decoding in one call (`greedy_run`,
-        as the solo loop's `_bursts`), at most `cap`, each verified as a step; a job ended or stopped mid-burst keeps
-        the tokens handed on, the rest is rolled back; waiting jobs are admitted after the burst. `planned`: a
+        """`_plain_step` for one greedy slot: a burst of its tokens (`_bursts`, at most `cap`) where `burst_seconds`
+        and its job allow more than one; else, or where the library lacks the call or the burst's first step
+        failed, one token, its decode and argmax in one call (`decode_next`), verified as a step. `planned`: a
         drafting job the planner gave no draft this step (`PLANNED_BURST`), its tokens recorded as plain steps."""
-        t0 = time.perf_counter()
-        s.proposal = NO_DRAFT
         target, job = self.target, s.job
         assert job is not None
-        k = max(1, min(cap, job.config.max_tokens - len(job.result.token_ids))) if self.burst_seconds > 0 else 1
-        if k > 1 and self._bursts([s], cap, planned):
+        if (self.burst_seconds > 0 and cap > 1 and job.config.max_tokens - len(job.result.token_ids) > 1
+                and self._bursts([s], cap, planned)):  # fmt: skip
             return
-        tt0 = target.decode_seconds
-        tokens, ok = target.greedy_run(s.seq, s.context[-1], k, target.eog_ids, self.burst_seconds)
-        times = burst_times(t0, target.decode_seconds - tt0, len(tokens) + (not ok))
-        for i, token in enumerate([*tokens, None] if not ok else tokens):  # None: the row that was not finite
-            t = times()
-            self.state.costs.observe(1, t[2])
-            if self.on_step is not None:
-                self.on_step(1, 1, 0)
-            self._verify(s, None if token is None else [token], t)
-            if planned:  # a plain step's time, what the planner prices drafting steps against (realized.py)
-                self.planner.realized.plain_step(1, time.perf_counter() - t[0])
-            if s.job is not None and i + 1 < len(tokens) and job.should_stop():
-                job.result.stop_reason = "interrupted"
-                self._finish(s)
-            if s.job is None:
-                break
-        if len(target.seq_tokens[s.seq]) > len(s.context) - 1:  # decoded past what its job kept
-            target.rollback(len(s.context) - 1, s.seq)
+        t0, tt0 = time.perf_counter(), target.decode_seconds
+        s.proposal = NO_DRAFT
+        top = target.decode_next(s.seq, s.context[-1])
+        t = (t0, 0.0, target.decode_seconds - tt0, 0.0)
+        self.state.costs.observe(1, t[2])
+        if self.on_step is not None:
+            self.on_step(1, 1, 0)
+        self._verify(s, top, t)
+        if planned:  # a plain step's time, what the planner prices drafting steps against (realized.py)
+            self.planner.realized.plain_step(1, time.perf_counter() - t0)
 
     def _bursts(self, gen: list[Slot], cap: int = MAX_BURST, planned: bool = False) -> bool:
         """Greedy slots' plain steps for up to `burst_seconds` of decoding in one call into llama.cpp
