@@ -15,6 +15,12 @@ initialisation), so its facets get their ids before any other copy can: the pack
 (specdec_cli/__init__.py), before anything else, so no library loaded after `import specdec_cli` can break
 llama.cpp. One that a program loaded and used before importing specdec still can: docs/gpu.md says how to find
 it. tests/test_cxx_runtime.py builds such a library and shows both orders.
+
+It opens libstdc++ into the global scope (RTLD_GLOBAL, where LD_PRELOAD would put it), so that every library
+loaded later binds libstdc++'s symbols to the system's copy first. A CUDA build made on an H200 machine carried
+another copy of the facets' code in libggml-cuda.so: with libstdc++ opened locally, libllama bound to that copy
+and every model load crashed in llama.cpp's regex (gdb: `codecvt<char16_t>::do_unshift` from libggml-cuda.so;
+scripts/gpu/diag_load.sh); opened globally, it loads, on the GPU and on the CPU.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import ctypes
 def claim() -> bool:
     """Build the system libstdc++'s classic locale now; False where there is no libstdc++ to load (macOS)."""
     try:
-        classic = ctypes.CDLL("libstdc++.so.6")._ZNSt6locale7classicEv  # std::locale::classic()
+        classic = ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)._ZNSt6locale7classicEv  # std::locale::classic()
     except (OSError, AttributeError):
         return False
     classic.restype = ctypes.c_void_p

@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 D=$OUT/diag.txt
 : > "$D"
 T=${DIAG_T:-$M/r135m-q4_0.gguf}
-v() { local name=$1; shift; echo "=== $name" >> "$D"; timeout -k 3 40 "$@" >> "$D" 2>&1; echo "rc=$? ($name)" >> "$D"; }
+v() { local name=$1; shift; echo "=== $name" >> "$D"; timeout -k 3 20 "$@" >> "$D" 2>&1; echo "rc=$? ($name)" >> "$D"; }
 echo "python: $(command -v $PY) $($PY -V 2>&1)" >> "$D"
 ldd "$LIB/libllama.so" >> "$D" 2>&1
 LOAD="from specdec_cli.engine.model import Model; m = Model('$T', n_gpu_layers=NGL); print('loaded', m.n_ctx); print(m.tokenize('Hello world', add_special=True, parse_special=False))"
