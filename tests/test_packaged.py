@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -42,13 +43,27 @@ def test_derived_draft_cached_and_rebuilt_when_corrupt(tmp_path: Path, monkeypat
     monkeypatch.setattr(native, "quantize", fake_quantize)
     first = packaged.derived_draft(source, "Q2_K")
     assert len(calls) == 1 and first.exists()
+    hashed: list[Path] = []
+    real_sha256 = packaged._sha256
+    monkeypatch.setattr(packaged, "_sha256", lambda p: hashed.append(p) or real_sha256(p))
     assert packaged.derived_draft(source, "Q2_K") == first and len(calls) == 1  # cached
+    assert hashed == []  # its size and modification time are the recorded ones: not read again
+
+    st = first.stat()
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched (or copied): hashed once, kept
+    assert packaged.derived_draft(source, "Q2_K") == first and len(calls) == 1 and hashed == [first]
+    assert packaged.derived_draft(source, "Q2_K") == first and hashed == [first]  # the new stat recorded
+
+    altered = bytearray(first.read_bytes())
+    altered[-1] ^= 1
+    first.write_bytes(bytes(altered))  # altered in place, same size
+    assert packaged.derived_draft(source, "Q2_K") == first and len(calls) == 2  # rebuilt
 
     first.write_bytes(first.read_bytes()[:20])  # truncated on disk
-    assert packaged.derived_draft(source, "Q2_K") == first and len(calls) == 2  # rebuilt
+    assert packaged.derived_draft(source, "Q2_K") == first and len(calls) == 3  # rebuilt
     first.unlink()
     packaged.derived_draft(source, "Q2_K")
-    assert len(calls) == 3  # rebuilt when missing
+    assert len(calls) == 4  # rebuilt when missing
     assert not list(tmp_path.rglob("*.partial"))
 
 

@@ -189,3 +189,24 @@ def test_a_draft_with_nothing_in_common_is_incompatible(vocabs: dict[str, Path],
     err = res.stderr.strip()
     assert res.exit_code == 1 and err.startswith("Error: ") and len(err.splitlines()) == 1
     assert "cannot speculate together" in err and "pair-check" in err
+
+
+def test_a_pair_is_checked_once_a_process_until_a_file_changes(vocabs: dict[str, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """`check_pair` before each load: the same two files' verdict is remembered, a rewritten file checked again."""
+    import shutil
+
+    from specdec_cli.models import loading
+
+    monkeypatch.setattr(loading, "_VERDICTS", {})
+    checked: list[Path] = []
+    real = loading._check_vocabularies
+    monkeypatch.setattr(loading, "_check_vocabularies", lambda t, d, o: checked.append(d) or real(t, d, o))
+    target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    shutil.copy(vocabs["reference"], target)
+    shutil.copy(vocabs["reference"], draft)
+    assert loading.check_pair(target, draft).verdict == "compatible"
+    assert loading.check_pair(target, draft).verdict == "compatible" and checked == [draft]
+    shutil.copy(vocabs["text_changed"], draft)  # the same name, another vocabulary
+    assert loading.check_pair(target, draft).verdict == CROSS and checked == [draft, draft]
+    assert loading.check_pair(target, draft, opener=loading.open_llama).verdict == CROSS and len(checked) == 2

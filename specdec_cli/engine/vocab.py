@@ -27,9 +27,10 @@ class Vocab:
     def info(self) -> VocabInfo:
         C = self._C  # noqa: N806
         v = self._handle()
-        texts = tuple(C.llama_vocab_get_text(v, i) or b"" for i in range(self.n_vocab))
+        get_text, get_attr = C.llama_vocab_get_text, C.llama_vocab_get_attr
+        texts = tuple(get_text(v, i) or b"" for i in range(self.n_vocab))
         special_mask = (1 << 3) | (1 << 4)  # LLAMA_TOKEN_ATTR_CONTROL | USER_DEFINED
-        special = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_get_attr(v, i) & special_mask)
+        special = frozenset(i for i in range(self.n_vocab) if get_attr(v, i) & special_mask)
         return VocabInfo(
             n_vocab=self.n_vocab,
             vocab_type=int(C.llama_vocab_type(v)),
@@ -75,8 +76,8 @@ class Vocab:
     def eog_ids(self) -> frozenset[int]:
         """End-of-generation tokens (EOS, EOT, <end_of_turn>, ...), per llama.cpp."""
         if self._eog is None:
-            C = self._C  # noqa: N806
-            self._eog = frozenset(i for i in range(self.n_vocab) if C.llama_vocab_is_eog(self._handle(), i))
+            is_eog, v = self._C.llama_vocab_is_eog, self._handle()
+            self._eog = frozenset(i for i in range(self.n_vocab) if is_eog(v, i))
         return self._eog
 
     def token_text(self, token: int) -> bytes:

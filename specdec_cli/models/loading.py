@@ -111,9 +111,37 @@ def open_llama(path: str | os.PathLike[str], *, placement: Placement | None = No
 OPENER: ModelOpener = open_llama
 
 
+# check_pair's verdicts in this process, by the two files' identities (llama.cpp's opener only): a server, a bench
+# or a test process loads the same pair again and again, and each check opens both vocabularies
+_VERDICTS: dict[tuple[tuple[str, int, int], ...], pairs.Verdict] = {}
+
+
+def _identity(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
 def check_pair(target: Path, draft: Path, opener: ModelOpener | None = None) -> pairs.Verdict:
     """Compare vocabularies only (fast): refuse an incompatible pair before loading weights."""
     open_model = opener or OPENER
+    known = open_model is open_llama and target.is_file() and draft.is_file()
+    key = (_identity(target), _identity(draft)) if known else None
+    verdict = _VERDICTS.get(key) if key is not None else None
+    if verdict is None:
+        verdict = _check_vocabularies(target, draft, open_model)
+        if key is not None:
+            _VERDICTS[key] = verdict
+    if not verdict.ok:
+        first = verdict.first_difference()
+        detail = f"; the first differing token is {first}" if first else ""
+        raise IncompatiblePairError(
+            f"{target.name} and {draft.name} cannot speculate together: {verdict.reason}{detail}. "
+            f"Run `specdec pair-check {target} {draft}` for details, or choose a draft from the same model family"
+        )
+    return verdict
+
+
+def _check_vocabularies(target: Path, draft: Path, open_model: ModelOpener) -> pairs.Verdict:
     t = open_model(target, vocab_only=True)
     try:
         d = open_model(draft, vocab_only=True)
@@ -125,13 +153,6 @@ def check_pair(target: Path, draft: Path, opener: ModelOpener | None = None) -> 
             d.close()
     finally:
         t.close()
-    if not verdict.ok:
-        first = verdict.first_difference()
-        detail = f"; the first differing token is {first}" if first else ""
-        raise IncompatiblePairError(
-            f"{target.name} and {draft.name} cannot speculate together: {verdict.reason}{detail}. "
-            f"Run `specdec pair-check {target} {draft}` for details, or choose a draft from the same model family"
-        )
     return verdict
 
 
