@@ -172,3 +172,18 @@ def test_no_measured_figure_outside_a_generated_block() -> None:
                 if m.group().replace(" ", " ") not in allowed:
                     found.append(f"{page.relative_to(ROOT)}: {m.group()!r} in {line.strip()[:100]!r}")
     assert not found, f"figures typed into the docs (render them from a results file, benchmarks/report.py): {found}"
+
+
+def test_a_pair_called_the_default_is_the_default() -> None:
+    """A line that names a models.toml pair and calls it the default names the shipped file's default (the suite's
+    own user file names another: tests/conftest.py)."""
+    from specdec_cli.models import registry
+
+    reg = registry.load(registry.bundled_models_toml())
+    named = re.compile(r"`(" + "|".join(re.escape(p) for p in sorted(reg.pairs, key=len, reverse=True)) + r")`")
+    seen = []
+    for page in PAGES:
+        for line in prose(page).splitlines():
+            if "(the default)" in line and (m := named.search(line)):
+                seen.append((page.name, m.group(1)))
+    assert seen and all(pair == reg.default for _, pair in seen), seen
