@@ -173,13 +173,13 @@ def calibrate(
     data = _read()
     data[key] = {"target_one": one, "relative": relative, "draft_one": draft_one, "draft_relative": draft_relative,
                  "draft_agreement": draft_agreement}  # fmt: skip
-    try:
+    tmp = _store().with_suffix(f".{os.getpid()}.tmp")  # a process's own: two calibrating at once (a test worker
+    try:  # beside another, two runs) must not write one file
         _store().parent.mkdir(parents=True, exist_ok=True)
-        tmp = _store().with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(_store())
     except OSError:
-        pass  # a read-only cache only costs the next run a calibration
+        tmp.unlink(missing_ok=True)  # a read-only cache only costs the next run a calibration
     return cal
 
 
