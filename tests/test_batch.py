@@ -988,7 +988,7 @@ def test_a_lone_job_given_no_draft_decodes_a_short_burst(monkeypatch: pytest.Mon
     """A drafting job (the n-gram lookup here; auto alike) alone in the batch, on steps the planner gives no
     draft: a burst of at most `PLANNED_BURST` tokens (`greedy_runs`) instead of one, so that it looks again soon;
     the text is the target alone's, and the tokens count as plain steps for the planner (realized.py)."""
-    from specdec_cli.engine.batch.plain import PLANNED_BURST
+    from specdec_cli.engine.plain_loops import PLANNED_BURST
     from tests.fakes import open_fake
 
     monkeypatch.setenv("SPECDEC_CALIBRATE", "0")

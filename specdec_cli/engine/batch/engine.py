@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 from specdec_cli.engine.batch.admission import FAIR_STEP, choose_slot, prompt_chunks, set_aside, taking_part
 from specdec_cli.engine.batch.drafting import draft_rounds
-from specdec_cli.engine.batch.plain import PLANNED_BURST, QUIET_STEPS, PlainSteps
+from specdec_cli.engine.batch.plain import PlainSteps
 from specdec_cli.engine.batch.plan import Planner
 from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.prompt_cache import PromptCache
@@ -51,6 +51,7 @@ from specdec_cli.engine.drafters.pool import TokenPool
 from specdec_cli.engine.estimates import BatchCosts
 from specdec_cli.engine.events import Prefill, Step
 from specdec_cli.engine.heads import Heads
+from specdec_cli.engine.plain_loops import PLANNED_BURST, QUIET_STEPS
 from specdec_cli.engine.protocol import LoadedModel, Rows
 from specdec_cli.engine.settings import MODEL, NONE
 from specdec_cli.engine.speculative import SpeculativeGenerator

@@ -14,15 +14,12 @@ from specdec_cli.engine.batch.pricing import ubatch_sizes
 from specdec_cli.engine.batch.slots import Slot
 from specdec_cli.engine.drafters import NO_DRAFT
 from specdec_cli.engine.events import Step
-from specdec_cli.engine.plain_loops import MAX_BURST, PLANNED_BURST, QUIET_STEPS, burst_times
+from specdec_cli.engine.plain_loops import MAX_BURST, burst_times
 from specdec_cli.engine.protocol import LoadedModel, Rows
 
 if TYPE_CHECKING:
     from specdec_cli.engine.batch.plan import Planner
     from specdec_cli.engine.drafters.auto import AutoState
-
-__all__ = ["PLANNED_BURST", "QUIET_STEPS", "PlainSteps"]  # a lone drafting job's short bursts: engine/plain_loops.py
-
 
 class PlainSteps:
     """`BatchEngine._plain_step` and what it takes (the engine's attributes and methods, typed here)."""
@@ -80,7 +77,7 @@ class PlainSteps:
         """`_plain_step` for one greedy slot: a burst of its tokens (`_bursts`, at most `cap`) where `burst_seconds`
         and its job allow more than one; else, or where the library lacks the call or the burst's first step
         failed, one token, its decode and argmax in one call (`decode_next`), verified as a step. `planned`: a
-        drafting job the planner gave no draft this step (`PLANNED_BURST`), its tokens recorded as plain steps."""
+        drafting job the planner gave no draft this step (engine/plain_loops.py's `PLANNED_BURST`), its tokens recorded as plain steps."""
         target, job = self.target, s.job
         assert job is not None
         if (self.burst_seconds > 0 and cap > 1 and job.config.max_tokens - len(job.result.token_ids) > 1

@@ -94,7 +94,7 @@ class Slot:
     heads: HeadsDrafter | None = None  # the heads' guesses from this sequence's hidden state (drafters/medusa.py)
     heads_shadow: ShadowScore | None = None  # their guesses scored (its tables shared by every slot)
     heads_wait: int = 0  # steps until heads that did not pay guess again
-    undrafted: int = 0  # steps in a row its planner gave no draft (engine/batch/plain.py's QUIET_STEPS)
+    undrafted: int = 0  # steps in a row its planner gave no draft (engine/plain_loops.py's QUIET_STEPS)
 
     @property
     def streamed(self) -> bool:
