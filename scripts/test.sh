@@ -20,7 +20,4 @@ if [[ "${1:-}" == "--fast" ]]; then
 fi
 "$VENV/bin/ruff" check specdec_cli tests benchmarks scripts
 "$VENV/bin/mypy"
-# A pytest-xdist worker a core, two at most (tests/conftest.py gives each worker's models one thread): on these
-# 2-core machines the whole suite took 13 to 16 minutes in one process, 9 in two.
-workers=$(( $(nproc) >= 2 ? 2 : 0 ))
-"$VENV/bin/python" -m pytest -ra --durations=15 -n "$workers" "${select[@]}" "$@"  # the slowest tests: the suite must stay under 15 minutes
+"$VENV/bin/python" -m pytest -ra --durations=15 "${select[@]}" "$@"  # the slowest tests: the suite must stay under 15 minutes
