@@ -4,6 +4,7 @@
 `llama_specdec_argmax_chain` runs a greedy draft's catch-up and K tokens, one decode each, until K tokens or a
 stop token (patch 0006); `llama_specdec_greedy_run` does the same on any sequence for up to a given time (patch
 0010), and `llama_specdec_greedy_runs` for several sequences at once, a token of each a decode (patch 0011).
+`llama_specdec_spec_run` (patch 0012) takes two contexts, a draft's and a target's: engine/draft_runs.py calls it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class NativeGreedy:
         self._run_fn = _bare(lib, "greedy_run") if version is not None and version() >= 3 else None
         # version 4 (patches/llama.cpp/0011): several greedy generations' plain steps in one call
         self._runs_fn = _bare(lib, "greedy_runs") if version is not None and version() >= 4 else None
+        # version 5 (patches/llama.cpp/0012): a draft model's and a target's greedy speculative steps in one call
+        self.spec_fn = _bare(lib, "spec_run") if version is not None and version() >= 5 else None
         self._many: tuple[Any, ...] = ()  # `many`'s arrays (seq ids, first tokens, positions, caps, sampled, out)
         self._C, self._ctx, self._mem = C, ctx, C.llama_get_memory(ctx)
         self._ctx_p = ctx if isinstance(ctx, ctypes.c_void_p) else ctypes.c_void_p(ctx)

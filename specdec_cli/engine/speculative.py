@@ -33,6 +33,7 @@ from functools import partial
 import numpy as np
 
 from specdec_cli.engine import native
+from specdec_cli.engine.draft_runs import DraftRuns, runner
 from specdec_cli.engine.drafters import NO_DRAFT, Drafter, DraftRequest, DraftUnusable, Outcome, Proposal
 from specdec_cli.engine.drafters.base import hidden_wanted
 from specdec_cli.engine.events import DRAFT, TARGET, DrafterDropped, EmittedToken, Event, Prefill, Step, Transcript
@@ -58,7 +59,7 @@ def _row_dist(rows: np.ndarray, sampler: SamplerSettings, i: int) -> Dist:
 PLAIN = (TARGET,)  # the source of a plain step's one token
 
 
-class SpeculativeGenerator(PlainLoops):
+class SpeculativeGenerator(PlainLoops, DraftRuns):
     """Runs one generation; iterate `events()`, then read `result`."""
 
     def __init__(
@@ -156,6 +157,8 @@ class SpeculativeGenerator(PlainLoops):
             return
         index, quiet = -1, 0  # quiet: steps in a row the drafter proposed nothing (`_burst`)
         bursts = greedy and self.burst_seconds > 0 and not self._hidden and hasattr(target, "greedy_run")
+        steps = runner(target, self.drafter, cfg, self.eog, self.burst_seconds) if bursts else None  # `_draft_run`'s
+        drafter0 = self.drafter
         while True:
             index += 1
             if self._stop_asked():
@@ -167,6 +170,12 @@ class SpeculativeGenerator(PlainLoops):
                 res.stop_reason = "context"
                 return
             k = max(0, min(cfg.k_max, room - 1, cfg.max_tokens - len(res.token_ids) - 1))
+            if steps is not None and self.drafter is drafter0 and index > 0 and k > 0:  # the first step comes alone
+                index, made, ended = yield from self._draft_run(steps, index, context, t_step)
+                if ended:
+                    return
+                if made:
+                    continue
 
             proposal = NO_DRAFT
             t_draft = t_sample = 0.0
@@ -247,13 +256,18 @@ class SpeculativeGenerator(PlainLoops):
         t_sample += time.perf_counter() - t0
         target.rollback(n_cached + 1 + n_acc)
 
-        new = drafted[:n_acc] + [nxt]
+        return self._keep(index, context, proposal, n_acc, nxt, (t_step, t_draft, t_target, t_sample)), n_acc
+
+    def _keep(self, index: int, context: list[int], proposal: Proposal, n_acc: int, token: int,
+              times: tuple[float, float, float, float]) -> Step:  # fmt: skip
+        """A verified step's end: its `n_acc` accepted drafts and the target's `token` emitted (up to a stop) and
+        appended to `context`, and the Step recorded (`verify`'s, and a run's steps: engine/draft_runs.py)."""
+        new = proposal.tokens[:n_acc] + [token]
         emitted, stop = self._emit(new, [DRAFT] * n_acc + [TARGET])
         # Tokens consumed: the emitted ones plus the stop token, if it was a draft.
         consumed_drafts = min(n_acc, len(emitted) + (1 if stop == "eos" else 0))
         context.extend(new)
-        step = self._record(index, proposal, consumed_drafts, emitted, stop, (t_step, t_draft, t_target, t_sample))
-        return step, n_acc
+        return self._record(index, proposal, consumed_drafts, emitted, stop, times)
 
     def _plain(self, index: int, context: list[int], proposal: Proposal, token: int,
                times: tuple[float, float, float, float]) -> Step:  # fmt: skip
