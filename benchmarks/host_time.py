@@ -5,7 +5,8 @@
 
 For the pair (default: the embedded default), greedy: the target alone (one-token steps), the draft model
 at a fixed K of 4, and the auto drafter (which plans every step, drafting or not), the same prompts, in
-alternating order; with `--numpy-too`, each also on numpy's path (Python between every two decodes, as without
+alternating order (model:4 in runs of steps, one call into llama.cpp each: engine/draft_runs.py); with
+`--numpy-too`, each also on numpy's path (Python between every two decodes, as without
 patch 0006's calls: engine/greedy.py), alternating with it, and the tokens/s ratio of the two. Host time is the
 run's wall time (prompt included) less the seconds inside `llama_decode` (both models, prompt included), over
 the steps: everything done between two decodes, the argmaxes, the cache bookkeeping, the events and stats. The
@@ -45,7 +46,9 @@ NUMPY = " (numpy's path)"
 AHEAD = " (decodes ahead)"  # --ahead-too: the target alone with its decodes queued ahead (SPECDEC_DECODE_AHEAD=1)
 BURSTS = " (bursts)"  # --bursts-too: ... in bursts, never ahead (SPECDEC_DECODE_AHEAD=0)
 SINGLE = " (a token a call)"  # --bursts-too: ... neither (SPECDEC_DECODE_AHEAD=0, --burst-ms 0)
+STEPWISE = " (a step a call)"  # --bursts-too: model:4 with --burst-ms 0: no runs of steps (engine/draft_runs.py)
 VARIANTS = {AHEAD: ("1", None), BURSTS: ("0", None), SINGLE: ("0", 0.0)}  # SPECDEC_DECODE_AHEAD, burst seconds
+MODEL4 = "model:4"
 TARGET = "target alone"  # --numpy-too: the same configuration without patch 0006's calls (engine/greedy.py)
 CONFIGS = {"target alone": {"drafter": "none"}, "model:4": {"drafter": "model", "draft_max": 4, "adaptive": False},
            "auto": {"drafter": "auto"}}
@@ -63,10 +66,15 @@ def one_run(spec: api.Speculator, prompt: str, n: int, config: dict[str, Any]) -
 
 
 # What a model:4 step runs outside llama_decode, part by part (docs/design.md#host-time): each a method timed by a
-# wrapper, less the time its model spent inside llama_decode meanwhile. Inclusive: `verify` holds the target's
+# wrapper, less the time its models spent inside llama_decode meanwhile. Inclusive: `verify` holds the target's
 # rollback and `_emit`; the draft's `_fresh` its common prefix and rollback; `argmax_chain` the draft's catch-up
-# decode and its K tokens (one call into llama.cpp, engine/greedy.py).
+# decode and its K tokens (one call into llama.cpp, engine/greedy.py). In runs (engine/draft_runs.py), the steps
+# after a generation's first: `StepRunner.run` holds the call (its C outside llama_decode) and `_fresh`, `_keep`
+# a step's hand-over (`_emit`, the record); the other parts then run only for a generation's first step.
 PARTS = {
+    "a run: the call, its C and bookkeeping (StepRunner.run)": ("specdec_cli.engine.draft_runs", "StepRunner", "run"),
+    "a run's step handed on (emit, the step's record)": ("specdec_cli.engine.speculative", "SpeculativeGenerator",
+                                                         "_keep"),
     "draft: catch up (common prefix, rollback)": ("specdec_cli.engine.drafters.model", "ModelDrafter", "_fresh"),
     "draft: its catch-up decode and K tokens (argmax_chain)": ("specdec_cli.engine.model", "Model", "argmax_chain"),
     "target: the batch's decode and argmaxes (decode_argmax)": ("specdec_cli.engine.model", "Model", "decode_argmax"),
@@ -88,12 +96,12 @@ def parts(spec: api.Speculator, n: int) -> dict[str, Any]:
         originals.append((cls, name, original))
 
         def timed(self: Any, *a: Any, _f: Any = original, _label: str = label, **k: Any) -> Any:
-            model = getattr(self, "model", None) or getattr(self, "target", None) or self
-            d0, t0 = model.decode_seconds, time.perf_counter()
+            models = [m for m in (getattr(self, n, None) for n in ("model", "target", "draft")) if m is not None] or [self]
+            d0, t0 = sum(m.decode_seconds for m in models), time.perf_counter()
             try:
                 return _f(self, *a, **k)
             finally:
-                spent[_label] += time.perf_counter() - t0 - (model.decode_seconds - d0)
+                spent[_label] += time.perf_counter() - t0 - (sum(m.decode_seconds for m in models) - d0)
 
         setattr(cls, name, timed)
     steps = 0
@@ -148,7 +156,8 @@ def main() -> None:
                          "(SPECDEC_DECODE_AHEAD=1, Model.decodes_ahead: for a GPU), alternating with it")  # fmt: skip
     ap.add_argument("--bursts-too", action="store_true",
                     help="the target alone also in bursts with its decodes never queued ahead, and a token a call "
-                         "(--burst-ms 0: SpeculativeGenerator._bursts), alternating with it")  # fmt: skip
+                         "(--burst-ms 0: SpeculativeGenerator._bursts), alternating with it; model:4 also a step "
+                         "a call (--burst-ms 0: no runs of steps), right after it")  # fmt: skip
     record.add_option(ap)
     args = ap.parse_args()
     paths = ["", NUMPY] if args.numpy_too else [""]
@@ -163,6 +172,8 @@ def main() -> None:
         variants = ([AHEAD] if args.ahead_too else []) + ([BURSTS, SINGLE] if args.bursts_too else [])
         for v in variants:
             runs[TARGET + v] = []
+        if args.bursts_too:
+            runs[MODEL4 + STEPWISE] = []
         for rep in range(args.repeats):
             for prompt in PROMPTS:
                 order = list(CONFIGS)[rep % len(CONFIGS):] + list(CONFIGS)[: rep % len(CONFIGS)]
@@ -171,6 +182,12 @@ def main() -> None:
                         for m, calls in native.items():
                             m._native = None if path else calls
                         runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                    if name == MODEL4 and args.bursts_too:  # its steps a call each, right after
+                        burst, spec.burst_seconds = spec.burst_seconds, 0.0
+                        try:
+                            runs[MODEL4 + STEPWISE].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                        finally:
+                            spec.burst_seconds = burst
                     for v in variants if name == TARGET else ():  # the target alone the other ways, right after
                         ahead, seconds = VARIANTS[v]
                         was, burst = os.environ.get(AHEAD_ENV), spec.burst_seconds
@@ -204,6 +221,7 @@ def main() -> None:
 
     ahead_ratio = over(TARGET + AHEAD, TARGET + BURSTS) if TARGET + BURSTS in runs else over(TARGET + AHEAD, TARGET)
     bursts_ratio = over(TARGET + BURSTS, TARGET + SINGLE)
+    runs_ratio = over(MODEL4, MODEL4 + STEPWISE) if MODEL4 + STEPWISE in runs else None
     for name, s in summary.items():
         print(f"{name:14s} host {s['host_ms_per_step']:.3f} ms/step (sampling {s['sampling_ms_per_step']:.3f}, "
               f"other {s['other_ms_per_step']:.3f}; decode {s['decode_ms_per_step']:.2f})  "
@@ -216,6 +234,8 @@ def main() -> None:
               f"{ahead_ratio:.3f}")
     if bursts_ratio is not None:
         print(f"{TARGET}: tokens/s in bursts / a token a call, median of pairs run side by side: {bursts_ratio:.3f}")
+    if runs_ratio is not None:
+        print(f"{MODEL4}: tokens/s in runs / a step a call, median of pairs run side by side: {runs_ratio:.3f}")
     for name, value in external.items():
         print(f"{name}: {value:.1f}")
     side = {config: {"beside": COUNTERPARTS[config], "median": round(statistics.median(r), 3),
@@ -227,7 +247,7 @@ def main() -> None:
         print(f"model:4 part: {label}: {us:.1f} us/step")
     record.save(args, "host-time", threads=args.threads, models=files,
                 data={"settings": {"n": args.n, "repeats": args.repeats, "prompts": PROMPTS, "configs": CONFIGS},
-                      "medians": summary, "native_over_numpy": ratios, "ahead_over_not": ahead_ratio, "bursts_over_not": bursts_ratio, "llama_cpp": external, "versus_llama_cpp": side,
+                      "medians": summary, "native_over_numpy": ratios, "ahead_over_not": ahead_ratio, "bursts_over_not": bursts_ratio, "runs_over_not": runs_ratio, "llama_cpp": external, "versus_llama_cpp": side,
                       "llama_cpp_runs": external_runs, "parts": profile, "runs": runs})  # fmt: skip
 
 

@@ -351,8 +351,10 @@ def host_time(name: str, base: str = "results/") -> str:
         out += "\n\n" + table(["greedy", "tokens/s, patch 0006's calls / numpy's path (median of pairs)"],
                               [[k, f"{v:.3f}x"] for k, v in data["native_over_numpy"].items()])  # fmt: skip
     if data.get("bursts_over_not") is not None:
-        out += "\n\n" + table(["greedy", "tokens/s, in bursts / a token a call (median of pairs)"],
-                              [["target alone", f"{data['bursts_over_not']:.3f}x"]])  # fmt: skip
+        rows = [["target alone", "in bursts / a token a call", f"{data['bursts_over_not']:.3f}x"]]
+        if data.get("runs_over_not") is not None:
+            rows.append(["model:4", "in runs of steps / a step a call", f"{data['runs_over_not']:.3f}x"])
+        out += "\n\n" + table(["greedy", "tokens/s", "median of pairs"], rows)
     if data.get("llama_cpp"):
         # the specdec line each program ran beside, and specdec / the program in each repeat (median, range)
         side = {v["beside"]: (config, v["repeats"]) for config, v in (data.get("versus_llama_cpp") or {}).items()}

@@ -194,6 +194,9 @@ def host_time(name: str, base: str = "results/") -> str:
             if ht.get(key) is not None and "target alone (bursts)" in medians]  # fmt: skip
     if ways:  # host_time --ahead-too --bursts-too: the target alone's ways, each pair of runs side by side
         out += "\n\n" + table(["the target alone, tokens/s", "median of pairs"], [[k, ratio(v)] for k, v in ways])
+    if ht.get("runs_over_not") is not None:  # --bursts-too: model:4 in runs of steps and a step a call
+        out += "\n\n" + table(["model:4, tokens/s", "median of pairs"],
+                              [["in runs of steps / a step a call", ratio(ht["runs_over_not"])]])  # fmt: skip
     parts = (ht.get("parts") or {}).get("us_per_step") or {}
     if parts:
         out += "\n\n" + table(["a model:4 step's host time, part by part", "per step"],

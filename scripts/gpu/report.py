@@ -258,7 +258,7 @@ def report(out: Path, dest: Path) -> None:
                 "runs": [{k: v for k, v in r.items() if k != "token_ids"} for r in rs],
                 "identity": ident, "batched": batched, "tools": tl, "bench": bn,
                 "host_time": ({k: ht.get(k) for k in ("medians", "llama_cpp", "versus_llama_cpp", "ahead_over_not",
-                                                     "bursts_over_not", "parts")}
+                                                     "bursts_over_not", "runs_over_not", "parts")}
                               if isinstance(ht, dict) else None),
                 "graph_shapes": gs}
     (dest / "gpu-check.json").write_text(json.dumps(combined, indent=1))
