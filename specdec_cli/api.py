@@ -101,6 +101,8 @@ def load(
     Python's between its decodes, and hands them on together: the same tokens, faster where a token takes a few
     milliseconds; the first token comes alone. 0: one token at a time. Where the target's logits are on a GPU the
     target alone queues each decode ahead instead (docs/design.md#host-time); the batched lone stream bursts.
+    A greedy generation with a draft model (`parallel` 1) makes its steps in runs alike: several speculative steps,
+    draft and verification, in one call, up to this long (engine/draft_runs.py).
 
     `rpc` ("HOST:PORT,..." or a list): the target's layers go to those llama.cpp RPC servers
     (`specdec rpc-server`), split by their free memory or by `tensor_split` (one share per server); the
