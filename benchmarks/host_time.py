@@ -182,6 +182,8 @@ def main() -> None:
                         for m, calls in native.items():
                             m._native = None if path else calls
                         runs[name + path].append(one_run(spec, prompt, args.n, CONFIGS[name]))
+                    for m, calls in native.items():  # the variants below run on the calls, not numpy's path
+                        m._native = calls
                     if name == MODEL4 and args.bursts_too:  # its steps a call each, right after
                         burst, spec.burst_seconds = spec.burst_seconds, 0.0
                         try:

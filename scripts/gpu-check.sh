@@ -531,7 +531,7 @@ if [ -f "$CODE/benchmarks/host_time.py" ]; then
   step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 150)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" \
     --repeats "$([ "$MODE" = rehearse ] && echo 1 || echo 3)" \
     --ahead-too --bursts-too ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
-  grep -E "host|tokens/s|part|ahead|bursts" "$RAW/host-time.log" | head -18
+  grep -E "host|tokens/s|part|ahead|bursts|runs" "$RAW/host-time.log" | head -20
 fi
 
 # --- CUDA graphs across specdec's batch shapes: steady and alternating shapes, with graphs and without ------------

@@ -18,27 +18,19 @@ the loop makes that step, and meets the failure as it would have. tests/test_dra
 
 from __future__ import annotations
 
-import ctypes
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from specdec_cli.engine.drafters import Drafter, ModelDrafter, Proposal
 from specdec_cli.engine.drafters.policies import AdaptiveLength
 from specdec_cli.engine.events import Event, Step, Transcript
 from specdec_cli.engine.kernels import GPU
+from specdec_cli.engine.native_greedy import NativeSpec
 from specdec_cli.engine.protocol import LanguageModel
 from specdec_cli.engine.settings import MODEL, GenerateOptions
 
 MAX_STEPS = 64  # the most steps of one run: its time (`burst_seconds`) bounds it first
-
-
-class SpecIO(ctypes.Structure):
-    """`struct llama_specdec_spec_io` (patches/llama.cpp/0012): the run's state, in and out, and its limits."""
-
-    _fields_ = [(name, ctypes.c_int32) for name in (
-        "t_held", "pending", "d_held", "n_fresh", "before", "k", "status", "k_max", "k_lo", "k_hi", "adaptive",
-        "max_tokens", "max_steps", "t_ctx", "d_ctx", "t_sampled", "d_sampled", "t_kernels", "d_kernels")]  # fmt: skip
 
 
 class RunStep(NamedTuple):
@@ -76,28 +68,29 @@ def runner(target: Any, drafter: Drafter | None, config: GenerateOptions, stop: 
 
 
 class StepRunner:
-    """Runs of a generation's steps (`run`), with what each call needs made once: the state's and the results'
-    C arrays, the stop set, the kernel switch (patch 0008's, set to each model's kernels before its decodes)."""
+    """Runs of a generation's steps (`run`) through the models' `NativeSpec`, made once for the generation."""
 
     def __init__(self, target: Any, inner: ModelDrafter, adaptive: AdaptiveLength | None, config: GenerateOptions,
                  stop: frozenset[int], seconds: float) -> None:  # fmt: skip
         self.target, self.inner, self.adaptive = target, inner, adaptive
         draft: Any = inner.model
         self.draft = draft
-        self._tg, self._dg = target._native, draft._native
+        # patch 0008's switch, set to each model's kernels before its decodes (as `_switch_kernels` would)
         switch = target._cuda_switch if target._cuda_switch is not None else draft._cuda_switch
         t_kernels = target.kernels == GPU if target._cuda_switch is not None else draft.kernels == GPU
-        self._io = SpecIO(k_max=config.k_max, k_lo=adaptive.lo if adaptive is not None else 0,
-                          k_hi=adaptive.hi if adaptive is not None else 0, adaptive=adaptive is not None,
-                          max_steps=MAX_STEPS, t_ctx=target.n_ctx, d_ctx=draft.n_ctx, t_kernels=t_kernels,
-                          d_kernels=draft.kernels == GPU if draft._cuda_switch is not None else t_kernels)  # fmt: skip
-        self._out = (ctypes.c_int32 * (MAX_STEPS * (config.k_max + 1)))()
-        self._steps = (ctypes.c_int32 * (3 * MAX_STEPS))()
-        self._secs = (ctypes.c_double * (3 * MAX_STEPS))()
-        self._args = (self._tg._ctx_p, target._batch.handle, self._dg._ctx_p, draft._batch.handle, ctypes.byref(self._io),
-                      self._dg._stop_ids(stop), len(stop), ctypes.c_double(seconds),
-                      None if switch is None else ctypes.byref(switch), self._out, self._steps, self._secs,
-                      self._tg._seconds_p, self._dg._seconds_p)  # fmt: skip
+        self._spec = NativeSpec(target._native, target._batch, draft._native, draft._batch, stop, seconds, switch,
+                                k_max=config.k_max, k_lo=adaptive.lo if adaptive is not None else 0,
+                                k_hi=adaptive.hi if adaptive is not None else 0, adaptive=adaptive is not None,
+                                max_steps=MAX_STEPS, t_ctx=target.n_ctx, d_ctx=draft.n_ctx, t_kernels=t_kernels,
+                                d_kernels=draft.kernels == GPU if draft._cuda_switch is not None else t_kernels)  # fmt: skip
+        self._after = (-1, -1)  # (the context's length, the draft's tokens) after the last run: its next catch-up
+
+    def _fresh(self, context: list[int]) -> Sequence[int] | None:
+        """The draft's catch-up (`ModelDrafter._fresh`'s), known without its common prefix right after a run."""
+        held = len(self.draft.seq_tokens[0])
+        if self._after == (len(context), held):
+            return context[held:]
+        return self.inner._fresh(context)
 
     def run(self, context: list[int], left: int) -> tuple[list[RunStep], int] | None:
         """Greedy speculative steps after `context` in one call, at most `left` tokens kept: the steps and the
@@ -106,13 +99,13 @@ class StepRunner:
         fewer steps). None where no run can start here: a model whose rollbacks are not proven yet (a recurrent
         one cannot roll back: the loop's first rollback says so), hidden states, a catch-up of more than two
         tokens."""
-        target, draft, io = self.target, self.draft, self._io
+        target, draft, io = self.target, self.draft, self._spec.io
         if target.hidden_on or draft.hidden_on or not (target._defer_rollback and draft._defer_rollback):
             return None
         t_held = len(context) - 1
         if len(target.seq_tokens[0]) != t_held:
             return None
-        fresh = self.inner._fresh(context)
+        fresh = self._fresh(context)
         if fresh is None or len(fresh) > 2:
             return None
         target._context(settle=False), draft._context(settle=False)  # a closed model raises here
@@ -120,37 +113,34 @@ class StepRunner:
         io.t_held, io.pending, io.d_held, io.n_fresh, io.before = t_held, context[-1], d_held, len(fresh), fresh[0]
         io.k, io.max_tokens = self.adaptive.k if self.adaptive is not None else io.k_max, left
         io.t_sampled, io.d_sampled = target._sampled(), draft._sampled()
-        tg, dg = self._tg, self._dg
-        t0, d0 = tg._seconds.value, dg._seconds.value
-        n = tg.spec_fn(*self._args)
-        target.decode_seconds += tg._seconds.value - t0
-        draft.decode_seconds += dg._seconds.value - d0
+        t0, d0 = target._native.decode_seconds, draft._native.decode_seconds
+        steps, out, secs = self._spec.run()
+        target.decode_seconds += target._native.decode_seconds - t0
+        draft.decode_seconds += draft._native.decode_seconds - d0
         for m in (target, draft):
             m._stale = True  # cells past its tokens: rejected drafts, a failed step's, removed by the next call
             m.pending_moves.clear()
             if m._argmax is not None:
                 m._argmax.decoded()
-        if n == 0:
+        if not steps:
             return [], io.status
-        steps, secs = self._steps[: 3 * n], self._secs[: 3 * n]
-        out = self._out[: io.t_held - t_held + sum(steps[1::3]) - sum(steps[2::3])]  # each step: drafts, token
-        run, new, at, n_fresh, t_new, d_new = [], [], 0, len(fresh), 0, 0
-        for i in range(0, 3 * n, 3):
+        run, new, at, n_fresh, d_new = [], [], 0, len(fresh), 0
+        for i in range(0, len(steps), 3):
             k, n_d, n_acc = steps[i : i + 3]
-            drafted = out[at : at + n_d]
-            run.append(RunStep(k, drafted, n_acc, out[at + n_d], secs[i], secs[i + 1], secs[i + 2]))
-            new += drafted[:n_acc]
-            new.append(out[at + n_d])
-            t_new += n_d + 1  # [pending, drafts]
+            token = out[at + n_d]
+            run.append(RunStep(k, out[at : at + n_d], n_acc, token, secs[i], secs[i + 1], secs[i + 2]))
+            new += out[at : at + n_acc]
+            new.append(token)
             d_new += n_fresh + n_d - 1  # its catch-up, and every draft but the last
             n_fresh = 2 if n_acc == n_d else 1
             at += n_d + 1
-        target.decoded_tokens += t_new
+        target.decoded_tokens += len(out)  # each step's [pending, drafts]: as many as its drafts and token
         draft.decoded_tokens += d_new
         target._logits_seen = draft._logits_seen = True
         target.seq_tokens[0].append(context[-1])  # the pending token, then the kept ones the target decoded
         target.seq_tokens[0].extend(new[: io.t_held - t_held - 1])
-        draft.seq_tokens[0].extend((fresh + new)[: io.d_held - d_held])
+        draft.seq_tokens[0].extend([*fresh, *new][: io.d_held - d_held])
+        self._after = (len(context) + len(new), io.d_held)
         if self.adaptive is not None:
             self.adaptive.k, self.adaptive._asked = io.k, run[-1].k
         return run, io.status

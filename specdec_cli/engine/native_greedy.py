@@ -4,13 +4,15 @@
 `llama_specdec_argmax_chain` runs a greedy draft's catch-up and K tokens, one decode each, until K tokens or a
 stop token (patch 0006); `llama_specdec_greedy_run` does the same on any sequence for up to a given time (patch
 0010), and `llama_specdec_greedy_runs` for several sequences at once, a token of each a decode (patch 0011).
-`llama_specdec_spec_run` (patch 0012) takes two contexts, a draft's and a target's: engine/draft_runs.py calls it.
+`llama_specdec_spec_run` (patch 0012, `NativeSpec`) makes greedy speculative steps with two contexts, a draft's and a
+target's (engine/draft_runs.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from specdec_cli.engine.llama_batch import LlamaBatch
@@ -174,3 +176,41 @@ class NativeGreedy:
     def runs(self) -> bool:
         """The library has `llama_specdec_greedy_run`: `chain` on any sequence, in a time."""
         return self._run_fn is not None
+
+
+class SpecIO(ctypes.Structure):
+    """`struct llama_specdec_spec_io` (patches/llama.cpp/0012): a run's state, in and out, and its limits."""
+
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "t_held", "pending", "d_held", "n_fresh", "before", "k", "status", "k_max", "k_lo", "k_hi", "adaptive",
+        "max_tokens", "max_steps", "t_ctx", "d_ctx", "t_sampled", "d_sampled", "t_kernels", "d_kernels")]  # fmt: skip
+
+
+class NativeSpec:
+    """Patch 0012's `llama_specdec_spec_run` for a target's and a draft's contexts, with its buffers: greedy
+    speculative steps, one after another in one call (engine/draft_runs.py). `limits` are SpecIO's fields that
+    stay the same for a generation (k_max, k_lo, k_hi, adaptive, max_steps, t_ctx, d_ctx, t_kernels, d_kernels);
+    `switch` is patch 0008's kernel switch, or None."""
+
+    def __init__(self, target: NativeGreedy, t_batch: LlamaBatch, draft: NativeGreedy, d_batch: LlamaBatch,
+                 stop: frozenset[int], seconds: float, switch: Any, **limits: int) -> None:  # fmt: skip
+        assert target.spec_fn is not None
+        self.io = io = SpecIO(**limits)
+        self._target, self._draft = target, draft
+        self._out = (ctypes.c_int32 * (io.max_steps * (io.k_max + 1)))()
+        self._steps = (ctypes.c_int32 * (3 * io.max_steps))()
+        self._secs = (ctypes.c_double * (3 * io.max_steps))()
+        self._call = partial(target.spec_fn, target._ctx_p, t_batch.handle, draft._ctx_p, d_batch.handle,
+                             ctypes.byref(io), draft._stop_ids(stop), len(stop), ctypes.c_double(seconds),
+                             None if switch is None else ctypes.byref(switch), self._out, self._steps, self._secs,
+                             target._seconds_p, draft._seconds_p)  # fmt: skip
+
+    def run(self) -> tuple[list[int], list[int], list[float]]:
+        """The call, on the state set in `io`: each step's (k, drafted, accepted), the tokens written (each step's
+        drafts, then the target's token) and each step's (draft seconds, target seconds, wall seconds). `io` then
+        holds the state after the last step, and `status` a failed decode's."""
+        n = self._call()
+        if n == 0:
+            return [], [], []
+        steps = self._steps[: 3 * n]
+        return steps, self._out[: sum(steps[1::3]) + n], self._secs[: 3 * n]
