@@ -257,3 +257,19 @@ def test_a_plain_greedy_steps_short_way_records_what_verification_records(seed: 
                  for e in gen.events() if hasattr(e, "emitted")]  # fmt: skip
         runs.append((steps, gen.result.token_ids, gen.result.text, gen.result.stop_reason, target.tokens))
     assert runs[0] == runs[1] and runs[0][0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=4), min_size=1, max_size=12))
+def test_emitted_text_is_the_incremental_decoders(pieces: list[bytes]) -> None:
+    """`_emit`'s text per token (a whole piece decoded at once where no character is held back) is what an
+    incremental UTF-8 decoder gives token by token: characters split across pieces, invalid bytes replaced."""
+    import codecs
+
+    target = FakeModel(n_vocab=len(pieces) + 1)
+    target.token_text = pieces.__getitem__  # type: ignore[method-assign]
+    options = GenerateOptions(max_tokens=100)
+    gen = SpeculativeGenerator(target, None, [len(pieces)], options)
+    emitted, stop = gen._emit(range(len(pieces)), ["target"] * len(pieces))
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    assert [e.text for e in emitted] == [decoder.decode(p) for p in pieces] and stop is None

@@ -186,6 +186,16 @@ class SpecIO(ctypes.Structure):
         "max_tokens", "max_steps", "t_ctx", "d_ctx", "t_sampled", "d_sampled", "t_kernels", "d_kernels")]  # fmt: skip
 
 
+class SpecArgs(ctypes.Structure):
+    """`struct llama_specdec_spec_args`: the call's arguments, addresses the caller keeps alive."""
+
+    _fields_ = [("tctx", ctypes.c_void_p), ("tbatch", ctypes.c_void_p), ("dctx", ctypes.c_void_p),
+                ("dbatch", ctypes.c_void_p), ("io", ctypes.c_void_p), ("stop", ctypes.c_void_p),
+                ("n_stop", ctypes.c_int32), ("max_seconds", ctypes.c_double), ("kernels", ctypes.c_void_p),
+                ("out", ctypes.c_void_p), ("steps", ctypes.c_void_p), ("seconds", ctypes.c_void_p),
+                ("t_target", ctypes.c_void_p), ("t_draft", ctypes.c_void_p)]  # fmt: skip
+
+
 class NativeSpec:
     """Patch 0012's `llama_specdec_spec_run` for a target's and a draft's contexts, with its buffers: greedy
     speculative steps, one after another in one call (engine/draft_runs.py). `limits` are SpecIO's fields that
@@ -200,10 +210,11 @@ class NativeSpec:
         self._out = (ctypes.c_int32 * (io.max_steps * (io.k_max + 1)))()
         self._steps = (ctypes.c_int32 * (3 * io.max_steps))()
         self._secs = (ctypes.c_double * (3 * io.max_steps))()
-        self._call = partial(target.spec_fn, target._ctx_p, t_batch.handle, draft._ctx_p, d_batch.handle,
-                             ctypes.byref(io), draft._stop_ids(stop), len(stop), ctypes.c_double(seconds),
-                             None if switch is None else ctypes.byref(switch), self._out, self._steps, self._secs,
-                             target._seconds_p, draft._seconds_p)  # fmt: skip
+        p, self._stop = ctypes.addressof, draft._stop_ids(stop)  # kept here: the draft's may change to another set
+        self._args = SpecArgs(target._ctx_p.value, p(t_batch.handle), draft._ctx_p.value, p(d_batch.handle), p(io),
+                              p(self._stop), len(stop), seconds, None if switch is None else p(switch),
+                              p(self._out), p(self._steps), p(self._secs), p(target._seconds), p(draft._seconds))  # fmt: skip
+        self._call = partial(target.spec_fn, ctypes.byref(self._args))  # one argument to convert, not fourteen
 
     def run(self) -> tuple[list[int], list[int], list[float]]:
         """The call, on the state set in `io`: each step's (k, drafted, accepted), the tokens written (each step's

@@ -92,11 +92,15 @@ class SpeculativeGenerator(PlainLoops, DraftRuns):
     def _emit(self, tokens: Sequence[int], sources: Sequence[str]) -> tuple[list[EmittedToken], str | None]:
         """Append tokens to the output, stopping at EOG or the length limit."""
         out: list[EmittedToken] = []
-        res = self.result
+        res, decoder = self.result, self._decoder
         for tok, src in zip(tokens, sources, strict=True):
             if tok in self.eog:
                 return out, "eos"
-            text = self._decoder.decode(self.target.token_text(tok))
+            piece = self.target.token_text(tok)
+            try:  # a whole character or more, none held back: what the incremental decoder gives, without its Python
+                text = decoder.decode(piece) if decoder.buffer else piece.decode()
+            except UnicodeDecodeError:  # part of a character (its rest in the next token's piece), or invalid bytes
+                text = decoder.decode(piece)
             out.append(EmittedToken(tok, text, src))
             res.token_ids.append(tok)
             res.text += text
