@@ -71,8 +71,9 @@ def _generation(t: Model, d: Model, burst: float, options: GenerateOptions, *, e
             list(t.seq_tokens[0]), d.seq_tokens[0][:useful])  # fmt: skip
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
-@pytest.mark.parametrize("case", ["length", "eos", "context", "draft context", "stopped", "reader gone"])
+@pytest.mark.parametrize(("case", "adaptive"), [(case, False) for case in ("length", "eos", "context", "draft context",
+                                                                           "stopped", "reader gone")]
+                         + [("length", True), ("stopped", True)])  # fmt: skip
 def test_runs_make_the_loops_steps(smol_path: Path, smol_q2k_path: Path, runs: list[int], case: str,
                                    adaptive: bool) -> None:  # fmt: skip
     """Runs (each call decodes on for up to `burst_seconds`) against the loop a step at a time, with K fixed and
