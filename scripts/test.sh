@@ -20,4 +20,7 @@ if [[ "${1:-}" == "--fast" ]]; then
 fi
 "$VENV/bin/ruff" check specdec_cli tests benchmarks scripts
 "$VENV/bin/mypy"
-"$VENV/bin/python" -m pytest -ra --durations=15 "${select[@]}" "$@"  # the slowest tests: the suite must stay under 15 minutes
+# A pytest-xdist worker a core, two at most (tests/conftest.py gives each worker's models one thread): one
+# worker's decodes run while the other starts a process or waits on a server (`-n 0` last: one process).
+workers=$(( $(nproc) >= 2 ? 2 : 0 ))
+"$VENV/bin/python" -m pytest -ra --durations=15 -n "$workers" "${select[@]}" "$@"  # the slowest tests: the suite must stay under 15 minutes

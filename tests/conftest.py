@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,9 @@ N_CTX = 1024
 # Threads for the models tests load: two (these machines' cores), fewer where other work keeps cores busy as the
 # session starts. With a second load on both cores, two threads made a decode crawl (engine/native.py,
 # default_threads), and the suite with it; a token's logits are the same at any thread count (test_threads.py).
-THREADS = min(2, native.default_threads()[0])
+# Under pytest-xdist (scripts/test.sh runs a worker a core) one each: two workers' two threads each on two cores
+# would be that second load.
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, native.default_threads()[0])
 
 # A test that asks for one of these loads or derives a real GGUF model: it is `slow` (minutes in all).
 REAL_MODEL_FIXTURES = frozenset({

@@ -243,6 +243,11 @@ def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Mo
     path = tmp_path / "h.gguf"
     heads.save(path)
     with api.load(smol.path, n_ctx=512, parallel=4, heads=path) as par:
+        # Costs that do not learn, verification cheap: the plan verifies the guesses whatever the machine's load
+        # (learned from a busy machine's batch times, it verified fewer: 15 accepted in one run beside a second
+        # test process). The texts are the target's whatever the costs.
+        par.batch_engine().state.costs = _Frozen({b: 1 + 0.1 * (b - 1) for b in range(1, 10)}, 1.0)
+
         def one(i: int, drafter: str, out: dict[int, api.Generation]) -> None:
             out[i] = par.generate(prompts[i], max_tokens=40, drafter=drafter)
 
@@ -256,7 +261,8 @@ def test_concurrent_heads_requests_are_the_target_alone(tmp_path: Path, smol: Mo
                 t.join(300)
             for i in range(len(prompts)):
                 assert out[i].token_ids == alone[i], (drafter, prompts[i])
-            assert fair or sum(g.stats.accepted for g in out.values()) > 20, drafter
+            accepted = sum(g.stats.accepted for g in out.values())
+            assert fair or accepted > 20, (drafter, accepted)
 
 
 def test_the_cost_gate_skips_guesses_that_cost_time_and_do_not_pay() -> None:
