@@ -20,7 +20,10 @@ the drafter proposes within that cap is its own policy (engine/drafters/). An em
 proposal makes the step a plain one-token decode.
 
 The loop needs only the `LanguageModel` protocol of the target, so it runs on
-llama.cpp models and on tests' numpy fakes alike.
+llama.cpp models and on tests' numpy fakes alike. With llama.cpp's models, a
+greedy draft model's steps run several to a call into llama.cpp, each as this
+loop makes it (engine/draft_runs.py), and the target alone's tokens in bursts
+(engine/plain_loops.py).
 """
 
 from __future__ import annotations
