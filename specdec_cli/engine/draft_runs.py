@@ -4,7 +4,7 @@
 A greedy step with a draft model is a handful of calls: the draft's catch-up and its K tokens (one call,
 `argmax_chain`), the target's verification batch (one call, `decode_argmax`), then the comparison, the two
 caches' bookkeeping, the tokens emitted and the step recorded. Each of those calls finds Python's own data out
-of the caches the decode has just swept, and a step's Python cost several times its C (docs/design.md#host-time).
+of the caches the decode has just swept, and a step's Python cost more than its C (docs/design.md#host-time).
 In a run, the C loop makes the steps as engine/speculative.py's loop would (the same k, the same drafts, the same
 verification, the same adaptive length), and the Python side hands them on afterwards, one after another in warm
 caches: `DraftRuns`, a mixin of `SpeculativeGenerator`, as `PlainLoops`' bursts are for the target alone.
