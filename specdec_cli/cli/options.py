@@ -177,9 +177,9 @@ class RuntimeOptions:
     burst_ms: Annotated[
         float,
         typer.Option("--burst-ms", metavar="MS", help="Greedy, the target alone (alone in the batch when serving) "
-                     "or with a draft model (not when serving): decode its tokens, or the draft model's steps, in "
-                     "bursts of up to MS milliseconds, one call into llama.cpp each, and hand them on together (the "
-                     "same tokens, less host time; the first comes alone). 0: one at a time.",
+                     "or with a draft model (outside a batch of several slots): decode its tokens, or the draft "
+                     "model's steps, in bursts of up to MS milliseconds, one call into llama.cpp each, and hand them "
+                     "on together (the same tokens, less host time; the first comes alone). 0: one at a time.",
                      rich_help_panel="Runtime"),
     ] = DEFAULT_BURST_MS
     verbose: Annotated[
