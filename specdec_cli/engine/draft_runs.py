@@ -92,9 +92,9 @@ class StepRunner:
             return context[held:]
         return self.inner._fresh(context)
 
-    def run(self, context: list[int], left: int) -> tuple[list[RunStep], int] | None:
-        """Greedy speculative steps after `context` in one call, at most `left` tokens kept: the steps and the
-        status of a decode that failed (0: none). The models' caches and counters are left as the loop's steps
+    def run(self, context: list[int], left: int) -> list[RunStep] | None:
+        """Greedy speculative steps after `context` in one call, at most `left` tokens kept: the steps (none where
+        the first could not be made: the loop makes it, and meets a failed decode there). The models' caches and counters are left as the loop's steps
         would leave them (their tokens past the run's last step too: the caller rolls them back where it hands on
         fewer steps). None where no run can start here: a model whose rollbacks are not proven yet (a recurrent
         one cannot roll back: the loop's first rollback says so), hidden states, a catch-up of more than two
@@ -108,7 +108,8 @@ class StepRunner:
         fresh = self._fresh(context)
         if fresh is None or len(fresh) > 2:
             return None
-        target._context(settle=False), draft._context(settle=False)  # a closed model raises here
+        target._context(settle=False)  # a closed model raises here
+        draft._context(settle=False)
         d_held = t_held + 1 - len(fresh)
         io.t_held, io.pending, io.d_held, io.n_fresh, io.before = t_held, context[-1], d_held, len(fresh), fresh[0]
         io.k, io.max_tokens = self.adaptive.k if self.adaptive is not None else io.k_max, left
@@ -123,7 +124,7 @@ class StepRunner:
             if m._argmax is not None:
                 m._argmax.decoded()
         if not steps:
-            return [], io.status
+            return []
         run, new, at, n_fresh, d_new = [], [], 0, len(fresh), 0
         for i in range(0, len(steps), 3):
             k, n_d, n_acc = steps[i : i + 3]
@@ -143,7 +144,7 @@ class StepRunner:
         self._after = (len(context) + len(new), io.d_held)
         if self.adaptive is not None:
             self.adaptive.k, self.adaptive._asked = io.k, run[-1].k
-        return run, io.status
+        return run
 
 
 class DraftRuns:
@@ -152,9 +153,6 @@ class DraftRuns:
     config: GenerateOptions
     target: LanguageModel
     result: Transcript
-    eog: frozenset[int]
-    burst_seconds: float
-    drafter: Drafter | None
 
     if TYPE_CHECKING:  # the generator's
 
@@ -172,10 +170,9 @@ class DraftRuns:
         past it rolled back; the draft's catches up through its common prefix, as after any step)."""
         res = self.result
         t0 = time.perf_counter()
-        got = runner.run(context, self.config.max_tokens - len(res.token_ids))
-        if got is None or not got[0]:
+        run = runner.run(context, self.config.max_tokens - len(res.token_ids))
+        if not run:
             return index, False, False
-        run = got[0]
         extra = (time.perf_counter() - t0 - sum(s.wall for s in run)) / len(run)  # the call's and ours, shared
         past = True  # the target's cache holds steps past those handed on
         try:

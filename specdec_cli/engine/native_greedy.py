@@ -206,7 +206,6 @@ class NativeSpec:
                  stop: frozenset[int], seconds: float, switch: Any, **limits: int) -> None:  # fmt: skip
         assert target.spec_fn is not None
         self.io = io = SpecIO(**limits)
-        self._target, self._draft = target, draft
         self._out = (ctypes.c_int32 * (io.max_steps * (io.k_max + 1)))()
         self._steps = (ctypes.c_int32 * (3 * io.max_steps))()
         self._secs = (ctypes.c_double * (3 * io.max_steps))()
@@ -219,7 +218,7 @@ class NativeSpec:
     def run(self) -> tuple[list[int], list[int], list[float]]:
         """The call, on the state set in `io`: each step's (k, drafted, accepted), the tokens written (each step's
         drafts, then the target's token) and each step's (draft seconds, target seconds, wall seconds). `io` then
-        holds the state after the last step, and `status` a failed decode's."""
+        holds the state after the last step (and `status` a failed decode's)."""
         n = self._call()
         if n == 0:
             return [], [], []
