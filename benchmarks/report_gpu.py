@@ -213,12 +213,16 @@ def graph_shapes(name: str, base: str = "results/") -> str:
     if not gs.get("patterns"):
         return "*CUDA graphs across batch shapes were not measured in this run.*"
     rows = []
+    keys = any("ms_node_key" in r for shapes in gs["patterns"].values() for r in shapes.values() if isinstance(r, dict))
     for pattern, shapes in gs["patterns"].items():
         for n, r in shapes.items():
             if isinstance(r, dict):
                 rows.append([pattern, n, " / ".join(f"{x:.2f} ms" for x in r["ms_graphs"]), f"{r['ms_no_graphs']:.2f} ms",
-                             ratio(r["off_over_on"]), shapes.get("graph_reused", "-")])  # fmt: skip
+                             ratio(r["off_over_on"])]
+                            + ([f"{r['ms_node_key']:.2f} ms", ratio(r["node_key_over_on"])] if keys else [])
+                            + [shapes.get("graph_reused", "-")])  # fmt: skip
+    key_cols = ["llama.cpp's key (patch 0013 off)", "its / patch 0013's"] if keys else []
     return (table([f"target {gs.get('target')}: pattern", "tokens a call", "a call, CUDA graphs (A, A)", "without",
-                   "without / with", "llama.cpp's graph reused"], rows)
+                   "without / with", *key_cols, "llama.cpp's graph reused"], rows)
             + f"\n\n{gs.get('steps')} calls a pattern after 8 warm-up calls, medians per shape.\n\n"
             + caption(data, name, base))  # fmt: skip

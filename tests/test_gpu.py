@@ -358,8 +358,9 @@ def test_llama_cpp_libraries_that_do_not_load_are_one_line(tmp_path: Path) -> No
 
 def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_cpps_reuse(smol_path: Path,
                                                                                         tmp_path: Path) -> None:  # fmt: skip
-    """scripts/gpu/graph_shapes.py (gpu-check's CUDA graphs step) on the CPU: every pattern's shapes timed in both
-    runs; llama.cpp reuses its graph while the shape stays and builds it again at every change."""
+    """scripts/gpu/graph_shapes.py (gpu-check's CUDA graphs step) on the CPU: every pattern's shapes timed in each
+    run (graphs, none, llama.cpp's key); llama.cpp reuses its graph while the shape stays and builds it again at
+    every change."""
     out = tmp_path / "graph-shapes.json"
     proc = subprocess.run([sys.executable, "scripts/gpu/graph_shapes.py", str(out), str(smol_path), "4", str(THREADS)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -374,6 +375,28 @@ def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_
             r = patterns[name][n]
             assert len(r["ms_graphs"]) == 2 and min(r["ms_graphs"]) > 0 and r["ms_no_graphs"] > 0
             assert r["off_over_on"] > 0
+            # patch 0013 off (llama.cpp's key for captured graphs), timed in a process of its own
+            assert r["ms_node_key"] > 0 and r["node_key_over_on"] > 0
     # 8 warm-up calls and 4 timed: the first after the prompt builds the graph, a steady shape reuses it after
     assert patterns["steady 1"]["graph_reused"] == patterns["steady 5"]["graph_reused"] == "11/12"
     assert patterns["1,5"]["graph_reused"] == patterns["2,3,4,5"]["graph_reused"] == "0/12"
+
+
+def test_the_graph_shapes_table_shows_llama_cpps_key_beside_patch_0013s_where_the_run_timed_it(monkeypatch) -> None:
+    """docs/gpu.md's CUDA graphs table (benchmarks/report_gpu.graph_shapes): a results file from before patch 0013
+    keeps its columns; one whose graph_shapes.py timed llama.cpp's key too gets that call's time and its ratio."""
+    from benchmarks import report_gpu
+
+    stamp = {"gpu": "G", "gpu_memory": "1 MiB", "driver": "d", "cuda_driver_version": "c", "nvcc": "n", "cpu": "x",
+             "cores": 1, "date": "2026-11-28", "commit": "abcdef0"}  # fmt: skip
+    old = {"ms_graphs": [3.0, 3.1], "ms_no_graphs": 3.3, "off_over_on": 1.08}
+    new = {**old, "ms_node_key": 4.1, "node_key_over_on": 1.34}
+    for row, has_key in ((old, False), (new, True)):
+        data = {"stamp": stamp, "graph_shapes": {"target": "t.gguf", "steps": 64,
+                                                 "patterns": {"1,5": {"1": row, "graph_reused": "0/72"}}}}  # fmt: skip
+        monkeypatch.setattr(report_gpu, "load", lambda name, d=data: d)
+        out = report_gpu.graph_shapes("x.json")
+        header, line = out.splitlines()[0], out.splitlines()[2]
+        assert ("llama.cpp's key" in header) is has_key, header
+        assert ("4.10 ms" in line and "1.34x" in line) is has_key, line
+        assert "3.00 ms / 3.10 ms" in line and line.rstrip(" |").endswith("0/72"), line

@@ -14,11 +14,14 @@ call with CUDA graphs as llama.cpp has them and, in a child process, with `GGML_
     1,5          one and five in turn (drafts paused on every other step)
     2,3,4,5      adaptive K cycling
 
-On a build without CUDA graphs (the CPU) both runs are the same code: the ratios read 1.0 within noise.
+and, in another, with llama.cpp's own key for its captured graphs (`GGML_CUDA_GRAPH_KEY_NODE=1`: the first node's
+address, which every shape of a context shares; patch 0013 keys a captured graph by its shape too, so that each
+shape keeps its own). On a build without CUDA graphs (the CPU) the runs are the same code: the ratios read 1.0
+within noise.
 llama.cpp also builds a decode's graph again on the host at each change of shape (it keeps one, reused while the
 shape stays): each pattern's count of calls that reused it says how often. Writes OUT.json: per pattern and shape, milliseconds per decode call (medians) with graphs (twice: A B A, the
-machine's drift shows) and without, and the ratio. A shape's calls slower in a pattern than steady, and as slow as
-without graphs, lose their graph there.
+machine's drift shows), without, and with llama.cpp's key, and the ratios. A shape's calls slower in a pattern
+than steady, and as slow as without graphs, lose their graph there.
 """
 
 from __future__ import annotations
@@ -84,11 +87,12 @@ def main() -> None:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 64
     threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     runs: dict[str, Any] = {}
-    for label, off in (("graphs", False), ("no graphs", True), ("graphs again", False)):  # A B A: drift shows
-        env = dict(os.environ)
-        env.pop("GGML_CUDA_DISABLE_GRAPHS", None)
-        if off:
-            env["GGML_CUDA_DISABLE_GRAPHS"] = "1"
+    # A B C A: the machine's drift shows
+    for label, var in (("graphs", None), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS"),
+                       ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"), ("graphs again", None)):  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k not in ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_GRAPH_KEY_NODE")}
+        if var:
+            env[var] = "1"
         proc = subprocess.run([sys.executable, __file__, CHILD, target, str(steps), str(threads)], env=env,
                               capture_output=True, text=True, timeout=600)  # fmt: skip
         if proc.returncode != 0:
@@ -100,9 +104,12 @@ def main() -> None:
         for n in map(str, shapes):
             on = [runs[k]["patterns"][name][n] for k in ("graphs", "graphs again")]
             off = runs["no graphs"]["patterns"][name][n]
-            ratio = round(off / statistics.mean(on), 4)
-            table[name][n] = {"ms_graphs": on, "ms_no_graphs": off, "off_over_on": ratio}
-            print(f"{name:9s} {n}-token calls: with graphs {on[0]:.3f} / {on[1]:.3f} ms, without {off:.3f}: {ratio:.3f}x")
+            node = runs["graphs, llama.cpp's key"]["patterns"][name][n]
+            ratio, keys = round(off / statistics.mean(on), 4), round(node / statistics.mean(on), 4)
+            table[name][n] = {"ms_graphs": on, "ms_no_graphs": off, "off_over_on": ratio, "ms_node_key": node,
+                              "node_key_over_on": keys}  # fmt: skip
+            print(f"{name:9s} {n}-token calls: with graphs {on[0]:.3f} / {on[1]:.3f} ms, without {off:.3f}: {ratio:.3f}x; "
+                  f"with llama.cpp's key {node:.3f}: {keys:.3f}x")  # fmt: skip
         p = runs["graphs"]["patterns"][name]
         table[name]["graph_reused"] = f"{p['reused']}/{p['calls']}"
         print(f"{name:9s} llama.cpp reused its graph in {p['reused']} of {p['calls']} calls")
