@@ -359,7 +359,7 @@ def test_llama_cpp_libraries_that_do_not_load_are_one_line(tmp_path: Path) -> No
 def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_cpps_reuse(smol_path: Path,
                                                                                         tmp_path: Path) -> None:  # fmt: skip
     """scripts/gpu/graph_shapes.py (gpu-check's CUDA graphs step) on the CPU: every pattern's shapes timed in each
-    run (graphs, none, llama.cpp's key); llama.cpp reuses its graph while the shape stays and builds it again at
+    run (graphs, none, llama.cpp's key, rebuilt each call); llama.cpp reuses its graph while the shape stays and builds it again at
     every change."""
     out = tmp_path / "graph-shapes.json"
     proc = subprocess.run([sys.executable, "scripts/gpu/graph_shapes.py", str(out), str(smol_path), "4", str(THREADS)],
@@ -370,16 +370,18 @@ def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_
     patterns = got["patterns"]
     assert list(patterns) == ["steady 1", "steady 5", "1,5", "2,3,4,5"]
     for name, shapes in (("steady 1", ["1"]), ("steady 5", ["5"]), ("1,5", ["1", "5"]), ("2,3,4,5", ["2", "3", "4", "5"])):
-        assert [k for k in patterns[name] if k != "graph_reused"] == shapes
+        assert [k for k in patterns[name] if not k.startswith("graph_reused")] == shapes
         for n in shapes:
             r = patterns[name][n]
             assert len(r["ms_graphs"]) == 2 and min(r["ms_graphs"]) > 0 and r["ms_no_graphs"] > 0
             assert r["off_over_on"] > 0
             # patch 0013 off (llama.cpp's key for captured graphs), timed in a process of its own
             assert r["ms_node_key"] > 0 and r["node_key_over_on"] > 0
+            assert r["ms_rebuilt"] > 0 and r["rebuilt_over_on"] > 0  # LLAMA_GRAPH_REUSE_DISABLE=1
     # 8 warm-up calls and 4 timed: the first after the prompt builds the graph, a steady shape reuses it after
     assert patterns["steady 1"]["graph_reused"] == patterns["steady 5"]["graph_reused"] == "11/12"
     assert patterns["1,5"]["graph_reused"] == patterns["2,3,4,5"]["graph_reused"] == "0/12"
+    assert all(p["graph_reused_when_rebuilt"] == "0/12" for p in patterns.values())
 
 
 def test_the_graph_shapes_table_shows_llama_cpps_key_beside_patch_0013s_where_the_run_timed_it(monkeypatch) -> None:

@@ -16,11 +16,13 @@ call with CUDA graphs as llama.cpp has them and, in a child process, with `GGML_
 
 and, in another, with llama.cpp's own key for its captured graphs (`GGML_CUDA_GRAPH_KEY_NODE=1`: the first node's
 address, which every shape of a context shares; patch 0013 keys a captured graph by its shape too, so that each
-shape keeps its own). On a build without CUDA graphs (the CPU) the runs are the same code: the ratios read 1.0
-within noise.
+shape keeps its own) and, in a last one, with llama.cpp's graph built again on the host at every call
+(`LLAMA_GRAPH_REUSE_DISABLE=1`): its steady rows against the first run's are what that rebuild costs a call,
+apart from any change of kernels. On a build without CUDA graphs (the CPU) the first three runs are the same
+code: their ratios read 1.0 within noise.
 llama.cpp also builds a decode's graph again on the host at each change of shape (it keeps one, reused while the
 shape stays): each pattern's count of calls that reused it says how often. Writes OUT.json: per pattern and shape, milliseconds per decode call (medians) with graphs (twice: A B A, the
-machine's drift shows), without, and with llama.cpp's key, and the ratios. A shape's calls slower in a pattern
+machine's drift shows), without, with llama.cpp's key and rebuilt each call, and the ratios. A shape's calls slower in a pattern
 than steady, and as slow as without graphs, lose their graph there.
 """
 
@@ -89,8 +91,10 @@ def main() -> None:
     runs: dict[str, Any] = {}
     # A B C A: the machine's drift shows
     for label, var in (("graphs", None), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS"),
-                       ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"), ("graphs again", None)):  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k not in ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_GRAPH_KEY_NODE")}
+                       ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"), ("graphs again", None),
+                       ("rebuilt each call", "LLAMA_GRAPH_REUSE_DISABLE")):  # fmt: skip
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_GRAPH_KEY_NODE", "LLAMA_GRAPH_REUSE_DISABLE")}
         if var:
             env[var] = "1"
         proc = subprocess.run([sys.executable, __file__, CHILD, target, str(steps), str(threads)], env=env,
@@ -106,12 +110,15 @@ def main() -> None:
             off = runs["no graphs"]["patterns"][name][n]
             node = runs["graphs, llama.cpp's key"]["patterns"][name][n]
             ratio, keys = round(off / statistics.mean(on), 4), round(node / statistics.mean(on), 4)
+            rebuilt = runs["rebuilt each call"]["patterns"][name][n]
             table[name][n] = {"ms_graphs": on, "ms_no_graphs": off, "off_over_on": ratio, "ms_node_key": node,
-                              "node_key_over_on": keys}  # fmt: skip
+                              "node_key_over_on": keys, "ms_rebuilt": rebuilt,
+                              "rebuilt_over_on": round(rebuilt / statistics.mean(on), 4)}  # fmt: skip
             print(f"{name:9s} {n}-token calls: with graphs {on[0]:.3f} / {on[1]:.3f} ms, without {off:.3f}: {ratio:.3f}x; "
-                  f"with llama.cpp's key {node:.3f}: {keys:.3f}x")  # fmt: skip
-        p = runs["graphs"]["patterns"][name]
+                  f"with llama.cpp's key {node:.3f}: {keys:.3f}x; rebuilt each call {rebuilt:.3f}")  # fmt: skip
+        p, q = runs["graphs"]["patterns"][name], runs["rebuilt each call"]["patterns"][name]
         table[name]["graph_reused"] = f"{p['reused']}/{p['calls']}"
+        table[name]["graph_reused_when_rebuilt"] = f"{q['reused']}/{q['calls']}"
         print(f"{name:9s} llama.cpp reused its graph in {p['reused']} of {p['calls']} calls")
     result = {"target": os.path.basename(target), "gpu": runs["graphs"]["gpu"], "kernels": runs["graphs"]["kernels"],
               "steps": steps, "patterns": table}  # fmt: skip

@@ -357,11 +357,12 @@ def report(out: Path, dest: Path) -> None:
     if isinstance(gs, dict):
         md += ["", f"## CUDA graphs across batch shapes ({gs.get('target')}, graph_shapes.py)", "",
                "| pattern | shape | ms a call, graphs (A, A) | without | without / with | llama.cpp's key "
-               "(patch 0013 off) | its / patch 0013's | llama.cpp graph reused |",
-               "|---|---|---|---|---|---|---|---|"]
+               "(patch 0013 off) | its / patch 0013's | rebuilt each call | llama.cpp graph reused |",
+               "|---|---|---|---|---|---|---|---|---|"]
         for name, shapes in (gs.get("patterns") or {}).items():
             md += [f"| {name} | {n} | {' / '.join(fmt(x, 3) for x in r['ms_graphs'])} | {fmt(r['ms_no_graphs'], 3)} | "
                    f"{fmt(r['off_over_on'], 3)} | {fmt(r.get('ms_node_key'), 3)} | {fmt(r.get('node_key_over_on'), 3)} | "
+                   f"{fmt(r.get('ms_rebuilt'), 3)} | "
                    f"{shapes.get('graph_reused', '-')} |"
                    for n, r in shapes.items() if isinstance(r, dict)]
     (dest / "summary.md").write_text("\n".join(md) + "\n")
