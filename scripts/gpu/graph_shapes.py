@@ -1,4 +1,4 @@
-"""Whether llama.cpp's CUDA graphs survive specdec's batch shapes, for scripts/gpu-check.sh.
+"""Whether CUDA graphs survive specdec's batch shapes, for scripts/gpu-check.sh.
 
     python scripts/gpu/graph_shapes.py OUT.json TARGET.gguf [STEPS] [THREADS (0: specdec's default)]
 
@@ -6,24 +6,26 @@ llama.cpp captures a decode's CUDA graph and replays it while the graph's shape 
 another shape resets it (it runs without a graph until two calls in a row agree again). specdec's target
 alternates shapes where speculation does: a verification of K drafts is K + 1 tokens, a step without a draft
 is one, adaptive K varies K. This decodes the target (every layer on the GPU, exact mode, greedy as specdec's
-loop does: `Model.decode_argmax`, the next token fed back) in patterns of batch shapes, and times each decode
-call with CUDA graphs as llama.cpp has them and, in a child process, with `GGML_CUDA_DISABLE_GRAPHS=1`:
+loop does: `Model.decode_argmax`, the next token fed back) in patterns of batch shapes:
 
     steady 1     one token a step (the target alone, a draft model's chain)
     steady 5     five a step (every step a K = 4 verification)
     1,5          one and five in turn (drafts paused on every other step)
     2,3,4,5      adaptive K cycling
 
-and, in another, with llama.cpp's own key for its captured graphs (`GGML_CUDA_GRAPH_KEY_NODE=1`: the first node's
-address, which every shape of a context shares; patch 0013 keys a captured graph by its shape too, so that each
-shape keeps its own) and, in a last one, with llama.cpp's graph built again on the host at every call
-(`LLAMA_GRAPH_REUSE_DISABLE=1`): its steady rows against the first run's are what that rebuild costs a call,
-apart from any change of kernels. On a build without CUDA graphs (the CPU) the first three runs are the same
-code: their ratios read 1.0 within noise.
-llama.cpp also builds a decode's graph again on the host at each change of shape (it keeps one, reused while the
-shape stays): each pattern's count of calls that reused it says how often. Writes OUT.json: per pattern and shape, milliseconds per decode call (medians) with graphs (twice: A B A, the
-machine's drift shows), without, with llama.cpp's key and rebuilt each call, and the ratios. A shape's calls slower in a pattern
-than steady, and as slow as without graphs, lose their graph there.
+and times each decode call in five child processes, in this order: with CUDA graphs as the build has them;
+without (`GGML_CUDA_DISABLE_GRAPHS=1`); with llama.cpp's own key for its captured graphs
+(`GGML_CUDA_GRAPH_KEY_NODE=1`: the first node's address, which every shape of a context shares, where patch
+0013 keys a captured graph by its shape too, so that each shape keeps its own); with graphs again (the
+machine's drift shows); and with llama.cpp's graph built again on the host at every call
+(`LLAMA_GRAPH_REUSE_DISABLE=1`), whose steady rows against the first run's are what that rebuild costs a call.
+On a build without CUDA graphs (the CPU) the first four runs are the same code: their ratios read 1.0 within
+noise.
+
+llama.cpp also builds a decode's graph again on the host at each change of shape (it keeps one, reused while
+the shape stays): each pattern's count of calls that reused it says how often. Writes OUT.json: per pattern and
+shape, the median milliseconds of a decode call in each run, and the ratios. A shape's calls slower in a
+pattern than steady, and as slow as without graphs, lose their graph there.
 """
 
 from __future__ import annotations
@@ -89,7 +91,6 @@ def main() -> None:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 64
     threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     runs: dict[str, Any] = {}
-    # A B C A: the machine's drift shows
     for label, var in (("graphs", None), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS"),
                        ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"), ("graphs again", None),
                        ("rebuilt each call", "LLAMA_GRAPH_REUSE_DISABLE")):  # fmt: skip
