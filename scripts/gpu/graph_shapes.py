@@ -41,6 +41,9 @@ from typing import Any
 PATTERNS = {"steady 1": [1], "steady 5": [5], "1,5": [1, 5], "2,3,4,5": [2, 3, 4, 5]}
 PROMPT = "Write a long story about a robot who learns to paint, with many details about colours and light."
 CHILD = "child"  # argv[1] of the process that measures
+# the child processes in order, each with the variable it sets to 1 (None: the build as it is)
+RUNS = (("graphs", None), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS"), ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"),
+        ("graphs again", None), ("rebuilt each call", "LLAMA_GRAPH_REUSE_DISABLE"))  # fmt: skip
 
 
 def measure(target: str, steps: int, threads: int) -> dict[str, Any]:
@@ -91,11 +94,9 @@ def main() -> None:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 64
     threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     runs: dict[str, Any] = {}
-    for label, var in (("graphs", None), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS"),
-                       ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"), ("graphs again", None),
-                       ("rebuilt each call", "LLAMA_GRAPH_REUSE_DISABLE")):  # fmt: skip
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_GRAPH_KEY_NODE", "LLAMA_GRAPH_REUSE_DISABLE")}
+    switches = {var for _, var in RUNS if var}
+    for label, var in RUNS:
+        env = {k: v for k, v in os.environ.items() if k not in switches}
         if var:
             env[var] = "1"
         proc = subprocess.run([sys.executable, __file__, CHILD, target, str(steps), str(threads)], env=env,

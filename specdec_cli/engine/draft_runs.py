@@ -76,8 +76,8 @@ class StepRunner:
         draft: Any = inner.model
         self.draft = draft
         # patch 0008's switch, set to each model's kernels before its decodes (as `_switch_kernels` would)
-        switch = target._cuda_switch if target._cuda_switch is not None else draft._cuda_switch
-        t_kernels = target.kernels == GPU if target._cuda_switch is not None else draft.kernels == GPU
+        owner = target if target._cuda_switch is not None else draft  # a model without it leaves it as it is
+        switch, t_kernels = owner._cuda_switch, owner.kernels == GPU
         self._spec = NativeSpec(target._native, target._batch, draft._native, draft._batch, stop, seconds, switch,
                                 k_max=config.k_max, k_lo=adaptive.lo if adaptive is not None else 0,
                                 k_hi=adaptive.hi if adaptive is not None else 0, adaptive=adaptive is not None,
@@ -94,9 +94,9 @@ class StepRunner:
 
     def run(self, context: list[int], left: int) -> list[RunStep] | None:
         """Greedy speculative steps after `context` in one call, at most `left` tokens kept: the steps (none where
-        the first could not be made: the loop makes it, and meets a failed decode there). The models' caches and counters are left as the loop's steps
-        would leave them (their tokens past the run's last step too: the caller rolls them back where it hands on
-        fewer steps). None where no run can start here: a model whose rollbacks are not proven yet (a recurrent
+        the first could not be made: the loop makes it, and meets a failed decode there). The models' caches and
+        counters are left as the loop's steps would leave them (their tokens past the run's last step too: the
+        caller rolls them back where it hands on fewer steps). None where no run can start here: a model whose rollbacks are not proven yet (a recurrent
         one cannot roll back: the loop's first rollback says so), hidden states, a catch-up of more than two
         tokens."""
         target, draft, io = self.target, self.draft, self._spec.io
