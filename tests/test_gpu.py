@@ -382,6 +382,13 @@ def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_
     assert patterns["steady 1"]["graph_reused"] == patterns["steady 5"]["graph_reused"] == "11/12"
     assert patterns["1,5"]["graph_reused"] == patterns["2,3,4,5"]["graph_reused"] == "0/12"
     assert all(p["graph_reused_when_rebuilt"] == "0/12" for p in patterns.values())
+    # then more shapes in turn than patch 0013 keeps graphs for (a short run of them on a CPU), and 1-token calls
+    many = got["many_shapes"]
+    runs = ["graphs", "no graphs", "graphs, llama.cpp's key", "graphs again", "rebuilt each call"]
+    assert many["shapes"] == 3 and list(many["ms_1"]) == list(many["ms_1_steady"]) == runs
+    assert min(many["ms_1"].values()) > 0
+    assert many["ms_1_steady"]["graphs"] == patterns["steady 1"]["1"]["ms_graphs"][0]
+    assert "after 3 shapes, 3 calls each: 1-token calls graphs " in proc.stdout
 
 
 def test_the_graph_shapes_table_shows_llama_cpps_key_beside_patch_0013s_where_the_run_timed_it(monkeypatch) -> None:

@@ -26,6 +26,11 @@ llama.cpp also builds a decode's graph again on the host at each change of shape
 the shape stays): each pattern's count of calls that reused it says how often. Writes OUT.json: per pattern and
 shape, the median milliseconds of a decode call in each run, and the ratios. A shape's calls slower in a
 pattern than steady, and as slow as without graphs, lose their graph there.
+
+Last, in each process, MANY_SHAPES shapes in turn, three calls each (the second captures its graph), then
+one-token calls again: more shapes than patch 0013 keeps captured graphs for (the least recently used go past
+32), so the one-token graph went and is captured again; `many_shapes` has those calls' median beside the
+run's steady ones (on a CPU, a short run of three shapes: the same calls, no graphs).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 
 PATTERNS = {"steady 1": [1], "steady 5": [5], "1,5": [1, 5], "2,3,4,5": [2, 3, 4, 5]}
 PROMPT = "Write a long story about a robot who learns to paint, with many details about colours and light."
+MANY_SHAPES = 40  # shapes in turn after the patterns: more than patch 0013 keeps captured graphs for (32)
 CHILD = "child"  # argv[1] of the process that measures
 # the child processes in order, each with the variable it sets to 1 (None: the build as it is)
 RUNS = (("graphs", None), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS"), ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"),
@@ -59,28 +65,51 @@ def measure(target: str, steps: int, threads: int) -> dict[str, Any]:
     with Model(target, n_ctx=4096, n_threads=threads or None, n_gpu_layers=kernels.ALL_LAYERS if gpu else 0) as m:
         out["kernels"] = m.kernels
         prompt = m.tokenize(PROMPT, add_special=True, parse_special=False)
-        for name, shapes in PATTERNS.items():
+        nxt = prompt[-1]
+
+        def call(n: int) -> float:
+            """One decode of the pending token and n - 1 more (as drafts would be: here the same token again, all
+            rejected), its greedy token the next pending one; its seconds."""
+            nonlocal nxt
+            t0 = time.perf_counter()
+            tops = m.decode_argmax([nxt] * n, n)
+            t = time.perf_counter() - t0
+            if tops is None:
+                raise SystemExit(f"graph_shapes: {target}: a row was not finite")
+            m.rollback(len(m.tokens) - n + 1)  # keep the pending token, as a step that accepted no draft
+            nxt = tops[0]
+            if len(m.tokens) + MANY_SHAPES + 8 >= m.n_ctx:
+                m.rollback(len(prompt) - 1)
+            return t
+
+        def start() -> None:
+            nonlocal nxt
             m.reset()
             m.prefill(prompt[:-1])
             C.llama_perf_context_reset(m._ctx)
-            nxt, seconds = prompt[-1], {n: [] for n in shapes}
+            nxt = prompt[-1]
+
+        for name, shapes in PATTERNS.items():
+            start()
+            seconds: dict[int, list[float]] = {n: [] for n in shapes}
             for i in range(8 + steps):
                 n = shapes[i % len(shapes)]
-                # the pending token and n - 1 more (as drafts would be: here the same token again, all rejected)
-                t0 = time.perf_counter()
-                tops = m.decode_argmax([nxt] * n, n)
+                t = call(n)
                 if i >= 8:
-                    seconds[n].append(time.perf_counter() - t0)
-                if tops is None:
-                    raise SystemExit(f"graph_shapes: {target}: a row was not finite")
-                m.rollback(len(m.tokens) - n + 1)  # keep the pending token, as a step that accepted no draft
-                nxt = tops[0]
-                if len(m.tokens) + 8 >= m.n_ctx:
-                    m.rollback(len(prompt) - 1)
+                    seconds[n].append(t)
             out["patterns"][name] = {str(n): round(statistics.median(t) * 1000, 4) for n, t in seconds.items()}
             # llama.cpp's own graph reuse (host side: the graph built again on a change of shape)
             out["patterns"][name]["reused"] = C.llama_perf_context(m._ctx).n_reused
             out["patterns"][name]["calls"] = 8 + steps
+        # more shapes than patch 0013 keeps captured graphs for, each three calls in a row (the second captures
+        # it), then one-token calls again: the least recently used graphs went, the one-token one among them
+        start()
+        many = MANY_SHAPES if gpu else 3  # on a CPU the same calls without graphs: a short run of them
+        for n in range(1, many + 1):
+            for _ in range(3):
+                call(n)
+        after = [call(1) for _ in range(16)]
+        out["many_shapes"] = {"shapes": many, "ms_1": round(statistics.median(after[8:]) * 1000, 4)}
     return out
 
 
@@ -122,8 +151,15 @@ def main() -> None:
         table[name]["graph_reused"] = f"{p['reused']}/{p['calls']}"
         table[name]["graph_reused_when_rebuilt"] = f"{q['reused']}/{q['calls']}"
         print(f"{name:9s} llama.cpp reused its graph in {p['reused']} of {p['calls']} calls")
+    # one-token calls after more shapes than patch 0013 keeps graphs for: in each run, beside its steady ones
+    many = {label: runs[label]["many_shapes"]["ms_1"] for label, _ in RUNS}
+    steady = {label: runs[label]["patterns"]["steady 1"]["1"] for label, _ in RUNS}
+    n_many = runs["graphs"]["many_shapes"]["shapes"]
+    print(f"after {n_many} shapes, 3 calls each: 1-token calls " + ", ".join(
+        f"{label} {ms:.3f} ms (steady {steady[label]:.3f})" for label, ms in many.items()))
     result = {"target": os.path.basename(target), "gpu": runs["graphs"]["gpu"], "kernels": runs["graphs"]["kernels"],
-              "steps": steps, "patterns": table}  # fmt: skip
+              "steps": steps, "patterns": table,
+              "many_shapes": {"shapes": n_many, "ms_1": many, "ms_1_steady": steady}}  # fmt: skip
     with open(out_path, "w") as f:
         json.dump(result, f, indent=1)
 

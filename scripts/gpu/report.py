@@ -365,6 +365,12 @@ def report(out: Path, dest: Path) -> None:
                    f"{fmt(r.get('ms_rebuilt'), 3)} | "
                    f"{shapes.get('graph_reused', '-')} |"
                    for n, r in shapes.items() if isinstance(r, dict)]
+        many = gs.get("many_shapes")
+        if isinstance(many, dict):  # after more shapes than patch 0013 keeps captured graphs for
+            steady = many.get("ms_1_steady") or {}
+            md += ["", f"One-token calls after {many.get('shapes')} shapes in turn (three calls each), ms a call "
+                   "(the same run's steady ones): " + ", ".join(
+                       f"{label} {fmt(ms, 3)} ({fmt(steady.get(label), 3)})" for label, ms in many["ms_1"].items())]
     (dest / "summary.md").write_text("\n".join(md) + "\n")
 
 
