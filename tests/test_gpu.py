@@ -359,8 +359,8 @@ def test_llama_cpp_libraries_that_do_not_load_are_one_line(tmp_path: Path) -> No
 def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_cpps_reuse(smol_path: Path,
                                                                                         tmp_path: Path) -> None:  # fmt: skip
     """scripts/gpu/graph_shapes.py (gpu-check's CUDA graphs step) on the CPU: every pattern's shapes timed in each
-    run (graphs, none, llama.cpp's key, rebuilt each call); llama.cpp reuses its graph while the shape stays and builds it again at
-    every change."""
+    run (graphs, none, llama.cpp's key, rebuilt each call); llama.cpp reuses its graph while the shape stays and
+    builds it again at every change."""
     out = tmp_path / "graph-shapes.json"
     proc = subprocess.run([sys.executable, "scripts/gpu/graph_shapes.py", str(out), str(smol_path), "4", str(THREADS)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -96,9 +96,9 @@ class StepRunner:
         """Greedy speculative steps after `context` in one call, at most `left` tokens kept: the steps (none where
         the first could not be made: the loop makes it, and meets a failed decode there). The models' caches and
         counters are left as the loop's steps would leave them (their tokens past the run's last step too: the
-        caller rolls them back where it hands on fewer steps). None where no run can start here: a model whose rollbacks are not proven yet (a recurrent
-        one cannot roll back: the loop's first rollback says so), hidden states, a catch-up of more than two
-        tokens."""
+        caller rolls them back where it hands on fewer steps). None where no run can start here: a model whose
+        rollbacks are not proven yet (a recurrent one cannot roll back: the loop's first rollback says so), hidden
+        states, a catch-up of more than two tokens."""
         target, draft, io = self.target, self.draft, self._spec.io
         if target.hidden_on or draft.hidden_on or not (target._defer_rollback and draft._defer_rollback):
             return None
