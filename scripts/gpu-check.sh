@@ -16,7 +16,9 @@
 #                                              unless $OUT is set), to catch the script's bugs for free
 # Options: --tree runs the working tree's specdec_cli instead of the bundle's specdec.tar.gz; --quick only checks
 # exactness (patch 0008's probes, one sequence and several, greedy identity on the 8B Q4_0 pair, and four requests
-# at once through the batch engine), for a device session's last minutes.
+# at once through the batch engine), for a device session's last minutes; --graphs only what a change to graph
+# reuse needs (greedy identity on the 8B Q4_0 pair, graph_shapes.py, host time beside llama.cpp's tools, four
+# requests at once), about three minutes once built.
 # Environment: GPU_CHECK_BUDGET (seconds for the whole script: 540 on a GPU; a step that would overrun it is
 # skipped, the report is always written), GPU_CHECK_BUILD_ONLY=1 (stop once the library is built and the models
 # written: a second call on the warm machine then checks without building), GPU_CHECK_WORK (build, models, caches: build/gpu-check, kept, so a
@@ -30,13 +32,15 @@ set -u
 MODE=device
 CODE_FROM=bundle
 QUICK=0
+GRAPHS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rehearse) MODE=rehearse ;;
     --tree) CODE_FROM=tree ;;
     --quick) QUICK=1 ;;
+    --graphs) GRAPHS=1 ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu-check: unknown argument $1 (--rehearse, --tree, --quick, --help)" >&2; exit 2 ;;
+    *) echo "gpu-check: unknown argument $1 (--rehearse, --tree, --quick, --graphs, --help)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -179,6 +183,7 @@ else
   NAMES=(r135m-q4_0 r135m-l3-q4_0 r8b-q4_0 r8b-l2-q4_0 r8b-q4_k)
   PAIRS=("8b r8b-q4_0 r8b-l2-q4_0" "135m r135m-q4_0 r135m-l3-q4_0")
   [ "$QUICK" = 1 ] && NAMES=(r135m-q4_0 r8b-q4_0 r8b-l2-q4_0)
+  [ "$GRAPHS" = 1 ] && NAMES=(r8b-q4_0 r8b-l2-q4_0)
 fi
 TODO=()
 for n in "${NAMES[@]}"; do [ -f "$M/$n.gguf" ] || TODO+=("$n"); done
@@ -364,18 +369,21 @@ probe() { # NAME SWITCH ARGS...: probe.py with GGML_CUDA_BATCH_INVARIANT=SWITCH
   [ "$rc" -eq 0 ] || tail -5 "$RAW/$name.err"
   "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 }
-if [ "$QUICK" = 1 ]; then
+if [ "$GRAPHS" = 1 ]; then
+  PROBE_INV=()
+elif [ "$QUICK" = 1 ]; then
   [ "$MODE" = device ] && PROBE_INV=("$M/r8b-q4_0.gguf" "$M/r135m-q4_0.gguf" --prefix "64,1500" --sizes 1-65)
 else
   probe probe 0 "${PROBE[@]}"
 fi
-probe probe-inv 1 "${PROBE_INV[@]}"
+[ ${#PROBE_INV[@]} -gt 0 ] && probe probe-inv 1 "${PROBE_INV[@]}"
 
 # --- several sequences in one batch (a server's step), each against itself alone: patch 0008's kernels, then stock
 STREAMS=("$M/r135m-q4_0.gguf")
 [ "$MODE" = device ] && STREAMS+=("$M/r8b-q4_0.gguf")
 [ "$MODE" = rehearse ] && STREAMS+=(--ngl 0)
-for sw in 1 0; do
+[ "$GRAPHS" = 1 ] && STREAMS=()
+for sw in $([ ${#STREAMS[@]} -gt 0 ] && echo 1 0); do
   name=streams$([ $sw = 1 ] && echo -inv)
   GGML_CUDA_BATCH_INVARIANT=$sw GGML_CPU_BATCH_INVARIANT=$sw GGML_CPU_TILED_MM=0 step "$name" 60 "$PY" "$GPUPY/probe_streams.py" "$RAW/$name.json" "${STREAMS[@]}" \
     --label "$name" > "$RAW/$name.log" 2> "$RAW/$name.err" || tail -5 "$RAW/$name.err"
@@ -384,7 +392,8 @@ done
 "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 
 # --- llama-bench on the 8B target: one token and a 512-token prompt, llama.cpp's kernels and patch 0008's -------
-if [ -n "${TOOLS_BIN:-}" ] && [ -x "$TOOLS_BIN/llama-bench" ] && [ "$MODE" = device ] && [ "$QUICK" = 0 ]; then
+if [ -n "${TOOLS_BIN:-}" ] && [ -x "$TOOLS_BIN/llama-bench" ] && [ "$MODE" = device ] && [ "$QUICK" = 0 ] \
+  && [ "$GRAPHS" = 0 ]; then
   for sw in 0 1; do
     GGML_CUDA_BATCH_INVARIANT=$sw step "llama-bench-target-$sw" 60 "$TOOLS_BIN/llama-bench" -m "$M/r8b-q4_0.gguf" \
       -ngl 99 -p 128,512 -n 128 -fa 1 -r 3 -o json > "$RAW/tools/llama-bench-target$([ $sw = 1 ] && echo -inv).json" \
@@ -487,16 +496,36 @@ identity() { # KEY TARGET DRAFT ARGS...
   "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
   grep -A4 "^## Greedy identity" "$OUT/summary.md"
 }
+host_time_step() { # REPEATS ARGS...: benchmarks.host_time on the first pair, llama.cpp's tools beside it
+  local repeats=$1
+  shift
+  [ -f "$CODE/benchmarks/host_time.py" ] || { skip host-time "the bundle has no benchmarks/host_time.py"; return; }
+  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 150)" "$PY" -m benchmarks.host_time --target "$T" \
+    --draft "$D" -n "$N" --repeats "$repeats" "$@" ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} \
+    --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
+  grep -E "host|tokens/s|part|ahead|bursts|runs" "$RAW/host-time.log" | head -20
+  "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+}
+graph_shapes_step() { # graph_shapes.py on the first pair's target
+  step graph-shapes "$([ "$MODE" = rehearse ] && echo 200 || echo 120)" "$PY" "$GPUPY/graph_shapes.py" \
+    "$RAW/graph-shapes.json" "$T" "$([ "$MODE" = rehearse ] && echo 8 || echo 64)" > "$RAW/graph-shapes.log" 2>&1
+  tail -16 "$RAW/graph-shapes.log"
+  "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+}
 read -r P T D <<< "${PAIRS[0]}"
 T=$M/$T.gguf
 D=$M/$D.gguf
 identity exact "$T" "$D"
+if [ "$GRAPHS" = 1 ]; then # what graph reuse changes: the shapes, the host time, then several requests at once
+  graph_shapes_step
+  host_time_step 2
+fi
 # --- several requests at once through the batch engine (a server's slots), each against the target alone -------
 step batched "$([ "$MODE" = rehearse ] && echo 300 || echo 150)" "$PY" "$GPUPY/batched.py" "$RAW/batched.json" "$T" "$D" \
   "$NB" $([ "$MODE" = rehearse ] && echo 1) > "$RAW/batched.log" 2> "$RAW/batched.err" || tail -5 "$RAW/batched.err"
 cat "$RAW/batched.log"
 "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
-if [ "$QUICK" = 1 ]; then
+if [ "$QUICK" = 1 ] || [ "$GRAPHS" = 1 ]; then
   finish
   exit "$FAILED"
 fi
@@ -527,18 +556,10 @@ fi
 "$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
 
 # --- host time per step on this pair (outside llama_decode), beside llama-bench and llama-speculative-simple ------
-if [ -f "$CODE/benchmarks/host_time.py" ]; then
-  step host-time "$([ "$MODE" = rehearse ] && echo 300 || echo 150)" "$PY" -m benchmarks.host_time --target "$T" --draft "$D" -n "$N" \
-    --repeats "$([ "$MODE" = rehearse ] && echo 1 || echo 3)" \
-    --ahead-too --bursts-too ${TOOLS_BIN:+--llama-cpp-bin "$TOOLS_BIN"} --results "$RAW/host-time.json" > "$RAW/host-time.log" 2>&1
-  grep -E "host|tokens/s|part|ahead|bursts|runs" "$RAW/host-time.log" | head -20
-fi
+host_time_step "$([ "$MODE" = rehearse ] && echo 1 || echo 3)" --ahead-too --bursts-too
 
 # --- CUDA graphs across specdec's batch shapes: steady and alternating shapes, with graphs and without ------------
-step graph-shapes "$([ "$MODE" = rehearse ] && echo 200 || echo 120)" "$PY" "$GPUPY/graph_shapes.py" \
-  "$RAW/graph-shapes.json" "$T" "$([ "$MODE" = rehearse ] && echo 8 || echo 64)" > "$RAW/graph-shapes.log" 2>&1
-tail -14 "$RAW/graph-shapes.log"
-"$PY" "$GPUPY/report.py" report "$RAW" "$OUT" 2>/dev/null
+graph_shapes_step
 
 # --- then what is known to work elsewhere: --kernels fast, the small pair, every layer named ----------------------
 fast_runs "$P" "$T" "$D"

@@ -13,19 +13,20 @@ loop does: `Model.decode_argmax`, the next token fed back) in patterns of batch 
     1,5          one and five in turn (drafts paused on every other step)
     2,3,4,5      adaptive K cycling
 
-and times each decode call in five child processes, in this order: with CUDA graphs as the build has them;
-without (`GGML_CUDA_DISABLE_GRAPHS=1`); with llama.cpp's own key for its captured graphs
-(`GGML_CUDA_GRAPH_KEY_NODE=1`: the first node's address, which every shape of a context shares, where patch
-0013 keys a captured graph by its shape too, so that each shape keeps its own); with graphs again (the
-machine's drift shows); and with llama.cpp's graph built again on the host at every call
-(`LLAMA_GRAPH_REUSE_DISABLE=1`), whose steady rows against the first run's are what that rebuild costs a call.
-On a build without CUDA graphs (the CPU) the first four runs are the same code: their ratios read 1.0 within
-noise.
+and times each decode call in six child processes, in this order: with CUDA graphs and graph parking as the
+build has them; with parking off (`LLAMA_GRAPH_PARK=0`: patch 0014 keeps a graph of a few tokens built, with
+its own scheduler, when the shape changes, where llama.cpp keeps only its last one and builds the graph again on
+the host at each change of shape); without CUDA graphs (`GGML_CUDA_DISABLE_GRAPHS=1`); with llama.cpp's own key
+for its captured graphs (`GGML_CUDA_GRAPH_KEY_NODE=1`: the first node's address, where patch 0013 keys a
+captured graph by its shape too, so that each shape keeps its own); with graphs again (the machine's drift
+shows); and with llama.cpp's graph built again on the host at every call (`LLAMA_GRAPH_REUSE_DISABLE=1`), whose
+steady rows against the first run's are what that rebuild costs a call. On a build without CUDA graphs (the CPU)
+the runs with and without graphs are the same code: their ratios read 1.0 within noise.
 
-llama.cpp also builds a decode's graph again on the host at each change of shape (it keeps one, reused while
-the shape stays): each pattern's count of calls that reused it says how often. Writes OUT.json: per pattern and
-shape, the median milliseconds of a decode call in each run, and the ratios. A shape's calls slower in a
-pattern than steady, and as slow as without graphs, lose their graph there.
+Each pattern's count of calls that reused a built graph (llama.cpp's last one, or a parked one) says how often
+the host built none, in the first run and with parking off. Writes OUT.json: per pattern and shape, the median
+milliseconds of a decode call in each run, and the ratios. A shape's calls slower in a pattern than steady, and
+as slow as without graphs, lose their graph there.
 
 Last, in each process, MANY_SHAPES shapes in turn, three calls each (the second captures its graph), then
 one-token calls again: more shapes than patch 0013 keeps captured graphs for (the least recently used go past
@@ -47,9 +48,10 @@ PATTERNS = {"steady 1": [1], "steady 5": [5], "1,5": [1, 5], "2,3,4,5": [2, 3, 4
 PROMPT = "Write a long story about a robot who learns to paint, with many details about colours and light."
 MANY_SHAPES = 40  # shapes in turn after the patterns: more than patch 0013 keeps captured graphs for (32)
 CHILD = "child"  # argv[1] of the process that measures
-# the child processes in order, each with the variable it sets to 1 (None: the build as it is)
-RUNS = (("graphs", None), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS"), ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE"),
-        ("graphs again", None), ("rebuilt each call", "LLAMA_GRAPH_REUSE_DISABLE"))  # fmt: skip
+# the child processes in order, each with the variable it sets and its value (None: the build as it is)
+RUNS = (("graphs", None, ""), ("not parked", "LLAMA_GRAPH_PARK", "0"), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS", "1"),
+        ("graphs, llama.cpp's key", "GGML_CUDA_GRAPH_KEY_NODE", "1"), ("graphs again", None, ""),
+        ("rebuilt each call", "LLAMA_GRAPH_REUSE_DISABLE", "1"))  # fmt: skip
 
 
 def measure(target: str, steps: int, threads: int) -> dict[str, Any]:
@@ -123,11 +125,11 @@ def main() -> None:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 64
     threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     runs: dict[str, Any] = {}
-    switches = {var for _, var in RUNS if var}
-    for label, var in RUNS:
+    switches = {var for _, var, _ in RUNS if var}
+    for label, var, value in RUNS:
         env = {k: v for k, v in os.environ.items() if k not in switches}
         if var:
-            env[var] = "1"
+            env[var] = value
         proc = subprocess.run([sys.executable, __file__, CHILD, target, str(steps), str(threads)], env=env,
                               capture_output=True, text=True, timeout=600)  # fmt: skip
         if proc.returncode != 0:
@@ -142,18 +144,24 @@ def main() -> None:
             node = runs["graphs, llama.cpp's key"]["patterns"][name][n]
             ratio, keys = round(off / statistics.mean(on), 4), round(node / statistics.mean(on), 4)
             rebuilt = runs["rebuilt each call"]["patterns"][name][n]
+            unparked = runs["not parked"]["patterns"][name][n]
             table[name][n] = {"ms_graphs": on, "ms_no_graphs": off, "off_over_on": ratio, "ms_node_key": node,
                               "node_key_over_on": keys, "ms_rebuilt": rebuilt,
-                              "rebuilt_over_on": round(rebuilt / statistics.mean(on), 4)}  # fmt: skip
+                              "rebuilt_over_on": round(rebuilt / statistics.mean(on), 4), "ms_unparked": unparked,
+                              "unparked_over_on": round(unparked / statistics.mean(on), 4)}  # fmt: skip
             print(f"{name:9s} {n}-token calls: with graphs {on[0]:.3f} / {on[1]:.3f} ms, without {off:.3f}: {ratio:.3f}x; "
-                  f"with llama.cpp's key {node:.3f}: {keys:.3f}x; rebuilt each call {rebuilt:.3f}")  # fmt: skip
+                  f"with llama.cpp's key {node:.3f}: {keys:.3f}x; not parked {unparked:.3f}: "
+                  f"{table[name][n]['unparked_over_on']:.3f}x; rebuilt each call {rebuilt:.3f}")  # fmt: skip
         p, q = runs["graphs"]["patterns"][name], runs["rebuilt each call"]["patterns"][name]
+        u = runs["not parked"]["patterns"][name]
         table[name]["graph_reused"] = f"{p['reused']}/{p['calls']}"
+        table[name]["graph_reused_unparked"] = f"{u['reused']}/{u['calls']}"
         table[name]["graph_reused_when_rebuilt"] = f"{q['reused']}/{q['calls']}"
-        print(f"{name:9s} llama.cpp reused its graph in {p['reused']} of {p['calls']} calls")
+        print(f"{name:9s} llama.cpp reused a built graph in {p['reused']} of {p['calls']} calls "
+              f"({u['reused']} not parked)")
     # one-token calls after more shapes than patch 0013 keeps graphs for: in each run, beside its steady ones
-    many = {label: runs[label]["many_shapes"]["ms_1"] for label, _ in RUNS}
-    steady = {label: runs[label]["patterns"]["steady 1"]["1"] for label, _ in RUNS}
+    many = {label: runs[label]["many_shapes"]["ms_1"] for label, _, _ in RUNS}
+    steady = {label: runs[label]["patterns"]["steady 1"]["1"] for label, _, _ in RUNS}
     n_many = runs["graphs"]["many_shapes"]["shapes"]
     print(f"after {n_many} shapes, 3 calls each: 1-token calls " + ", ".join(
         f"{label} {ms:.3f} ms (steady {steady[label]:.3f})" for label, ms in many.items()))

@@ -357,13 +357,14 @@ def report(out: Path, dest: Path) -> None:
     if isinstance(gs, dict):
         md += ["", f"## CUDA graphs across batch shapes ({gs.get('target')}, graph_shapes.py)", "",
                "| pattern | shape | ms a call, graphs (A, A) | without | without / with | llama.cpp's key "
-               "(patch 0013 off) | its / patch 0013's | rebuilt each call | llama.cpp graph reused |",
-               "|---|---|---|---|---|---|---|---|---|"]
+               "(patch 0013 off) | its / patch 0013's | not parked (patch 0014 off) | its / patch 0014's "
+               "| rebuilt each call | a built graph reused (not parked) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, shapes in (gs.get("patterns") or {}).items():
             md += [f"| {name} | {n} | {' / '.join(fmt(x, 3) for x in r['ms_graphs'])} | {fmt(r['ms_no_graphs'], 3)} | "
                    f"{fmt(r['off_over_on'], 3)} | {fmt(r.get('ms_node_key'), 3)} | {fmt(r.get('node_key_over_on'), 3)} | "
-                   f"{fmt(r.get('ms_rebuilt'), 3)} | "
-                   f"{shapes.get('graph_reused', '-')} |"
+                   f"{fmt(r.get('ms_unparked'), 3)} | {fmt(r.get('unparked_over_on'), 3)} | {fmt(r.get('ms_rebuilt'), 3)} | "
+                   f"{shapes.get('graph_reused', '-')} ({shapes.get('graph_reused_unparked', '-')}) |"
                    for n, r in shapes.items() if isinstance(r, dict)]
         many = gs.get("many_shapes")
         if isinstance(many, dict):  # after more shapes than patch 0013 keeps captured graphs for
