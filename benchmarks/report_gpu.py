@@ -206,23 +206,32 @@ def host_time(name: str, base: str = "results/") -> str:
 
 def graph_shapes(name: str, base: str = "results/") -> str:
     """scripts/gpu/graph_shapes.py inside the check: the target's decode time per call at steady and alternating
-    batch shapes, with llama.cpp's CUDA graphs (two runs, A B A) and without, and how often llama.cpp reused its
-    graph."""
+    batch shapes, with llama.cpp's CUDA graphs (two runs, A B A) and without, from patch 0013 on with llama.cpp's
+    key for captured graphs, from patch 0014 on with its parked graphs off, and how often a built graph was
+    reused."""
     data = load(name)
     gs = data.get("graph_shapes") or {}
     if not gs.get("patterns"):
         return "*CUDA graphs across batch shapes were not measured in this run.*"
     rows = []
-    keys = any("ms_node_key" in r for shapes in gs["patterns"].values() for r in shapes.values() if isinstance(r, dict))
+    given = [r for shapes in gs["patterns"].values() for r in shapes.values() if isinstance(r, dict)]
+    keys = any("ms_node_key" in r for r in given)
+    parked = any("ms_unparked" in r for r in given)
     for pattern, shapes in gs["patterns"].items():
         for n, r in shapes.items():
             if isinstance(r, dict):
+                reused = shapes.get("graph_reused", "-")
+                if parked:
+                    reused += f" ({shapes.get('graph_reused_unparked', '-')})"
                 rows.append([pattern, n, " / ".join(f"{x:.2f} ms" for x in r["ms_graphs"]), f"{r['ms_no_graphs']:.2f} ms",
                              ratio(r["off_over_on"])]
                             + ([f"{r['ms_node_key']:.2f} ms", ratio(r["node_key_over_on"])] if keys else [])
-                            + [shapes.get("graph_reused", "-")])  # fmt: skip
+                            + ([f"{r['ms_unparked']:.2f} ms", ratio(r["unparked_over_on"])] if parked else [])
+                            + [reused])  # fmt: skip
     key_cols = ["llama.cpp's key (patch 0013 off)", "its / patch 0013's"] if keys else []
+    park_cols = ["not parked (patch 0014 off)", "its / patch 0014's"] if parked else []
+    reused_col = "a built graph reused (not parked)" if parked else "llama.cpp's graph reused"
     return (table([f"target {gs.get('target')}: pattern", "tokens a call", "a call, CUDA graphs (A, A)", "without",
-                   "without / with", *key_cols, "llama.cpp's graph reused"], rows)
+                   "without / with", *key_cols, *park_cols, reused_col], rows)
             + f"\n\n{gs.get('steps')} calls a pattern after 8 warm-up calls, medians per shape.\n\n"
             + caption(data, name, base))  # fmt: skip

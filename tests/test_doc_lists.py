@@ -43,6 +43,7 @@ FOREIGN_OPTIONS = {
     "--check",  # scripts/docgen.py: fail where a generated block is stale
     "--rehearse",  # scripts/gpu-check.sh: the GPU check's steps on the CPU
     "--quick",  # scripts/gpu-check.sh: exactness alone, for a device lease's last minutes
+    "--graphs",  # scripts/gpu-check.sh: what a change to graph reuse needs
     "--slot-prompt-similarity",  # llama-server's: how it picks a slot (docs/design.md compares)
 }
 # A command line whose program is one of these (or a path to a script) is another tool's: its options are not

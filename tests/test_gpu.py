@@ -359,8 +359,9 @@ def test_llama_cpp_libraries_that_do_not_load_are_one_line(tmp_path: Path) -> No
 def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_cpps_reuse(smol_path: Path,
                                                                                         tmp_path: Path) -> None:  # fmt: skip
     """scripts/gpu/graph_shapes.py (gpu-check's CUDA graphs step) on the CPU: every pattern's shapes timed in each
-    run (graphs, none, llama.cpp's key, rebuilt each call); llama.cpp reuses its graph while the shape stays and
-    builds it again at every change."""
+    run (graphs, not parked, none, llama.cpp's key, rebuilt each call); llama.cpp reuses its graph while the shape
+    stays, and at a change of shape patch 0014 takes a parked one where llama.cpp (LLAMA_GRAPH_PARK=0) builds it
+    again."""
     out = tmp_path / "graph-shapes.json"
     proc = subprocess.run([sys.executable, "scripts/gpu/graph_shapes.py", str(out), str(smol_path), "4", str(THREADS)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -378,13 +379,23 @@ def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_
             # patch 0013 off (llama.cpp's key for captured graphs), timed in a process of its own
             assert r["ms_node_key"] > 0 and r["node_key_over_on"] > 0
             assert r["ms_rebuilt"] > 0 and r["rebuilt_over_on"] > 0  # LLAMA_GRAPH_REUSE_DISABLE=1
-    # 8 warm-up calls and 4 timed: the first after the prompt builds the graph, a steady shape reuses it after
-    assert patterns["steady 1"]["graph_reused"] == patterns["steady 5"]["graph_reused"] == "11/12"
-    assert patterns["1,5"]["graph_reused"] == patterns["2,3,4,5"]["graph_reused"] == "0/12"
+            assert r["ms_unparked"] > 0 and r["unparked_over_on"] > 0  # LLAMA_GRAPH_PARK=0
+
+    def reused(name: str, key: str = "graph_reused") -> int:
+        done, calls = map(int, patterns[name][key].split("/"))
+        assert calls == 12  # 8 warm-up calls and 4 timed
+        return done
+
+    # a steady shape reuses its graph after the first call (after the prompt, a graph of its own)
+    assert min(reused(n, k) for n in ("steady 1", "steady 5") for k in ("graph_reused", "graph_reused_unparked")) >= 11
+    # alternating shapes: each shape's graph is built once at most, then taken back from the parked ones; with
+    # parking off, llama.cpp builds it again at every change of shape
+    assert reused("1,5") >= 10 and reused("2,3,4,5") >= 8
+    assert reused("1,5", "graph_reused_unparked") == reused("2,3,4,5", "graph_reused_unparked") == 0
     assert all(p["graph_reused_when_rebuilt"] == "0/12" for p in patterns.values())
     # then more shapes in turn than patch 0013 keeps graphs for (a short run of them on a CPU), and 1-token calls
     many = got["many_shapes"]
-    runs = ["graphs", "no graphs", "graphs, llama.cpp's key", "graphs again", "rebuilt each call"]
+    runs = ["graphs", "not parked", "no graphs", "graphs, llama.cpp's key", "graphs again", "rebuilt each call"]
     assert many["shapes"] == 3 and list(many["ms_1"]) == list(many["ms_1_steady"]) == runs
     assert min(many["ms_1"].values()) > 0
     assert many["ms_1_steady"]["graphs"] == patterns["steady 1"]["1"]["ms_graphs"][0]
@@ -393,7 +404,8 @@ def test_graph_shapes_times_each_shape_with_and_without_graphs_and_counts_llama_
 
 def test_the_graph_shapes_table_shows_llama_cpps_key_beside_patch_0013s_where_the_run_timed_it(monkeypatch) -> None:
     """docs/gpu.md's CUDA graphs table (benchmarks/report_gpu.graph_shapes): a results file from before patch 0013
-    keeps its columns; one whose graph_shapes.py timed llama.cpp's key too gets that call's time and its ratio."""
+    keeps its columns; one whose graph_shapes.py timed llama.cpp's key too gets that call's time and its ratio, and
+    one that timed parking off (patch 0014) gets that too."""
     from benchmarks import report_gpu
 
     stamp = {"gpu": "G", "gpu_memory": "1 MiB", "driver": "d", "cuda_driver_version": "c", "nvcc": "n", "cpu": "x",
@@ -409,3 +421,11 @@ def test_the_graph_shapes_table_shows_llama_cpps_key_beside_patch_0013s_where_th
         assert ("llama.cpp's key" in header) is has_key, header
         assert ("4.10 ms" in line and "1.34x" in line) is has_key, line
         assert "3.00 ms / 3.10 ms" in line and line.rstrip(" |").endswith("0/72"), line
+    # patch 0014's run: parking off timed too, and its count of reused graphs beside the parked run's
+    parked = {**new, "ms_unparked": 3.7, "unparked_over_on": 1.22}
+    data = {"stamp": stamp, "graph_shapes": {"target": "t.gguf", "steps": 64, "patterns": {
+        "1,5": {"1": parked, "graph_reused": "72/72", "graph_reused_unparked": "0/72"}}}}  # fmt: skip
+    monkeypatch.setattr(report_gpu, "load", lambda name, d=data: d)
+    header, _, line = report_gpu.graph_shapes("x.json").splitlines()[:3]
+    assert "not parked (patch 0014 off)" in header and "3.70 ms" in line and "1.22x" in line, line
+    assert line.rstrip(" |").endswith("72/72 (0/72)"), line
