@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own speculative tools (llama-speculative-simple, llama-lookup) and
-# llama-server (the serve benchmark's reference)
+# Build llama.cpp's own speculative tools (llama-speculative-simple, llama-lookup),
+# llama-server (the serve benchmark's reference) and llama-bench (benchmarks.host_time's)
 # from the llama.cpp source inside the llama-cpp-python sdist that specdec uses,
 # with the same CMake flags and patches as the bindings (scripts/cmake-args.sh, scripts/llama-source.sh).
 # The patched kernels are off unless GGML_CPU_BATCH_INVARIANT=1 is in a tool's environment: llama-server
@@ -24,7 +24,8 @@ say "CMAKE_ARGS=$ARGS"
 # shellcheck disable=SC2086
 cmake -S "$SRC/vendor/llama.cpp" -B "$OUT/cmake" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON $ARGS >/dev/null
-cmake --build "$OUT/cmake" -j "$(nproc)" --target llama-speculative-simple llama-lookup llama-server
+TOOLS=(llama-speculative-simple llama-lookup llama-server llama-bench)
+cmake --build "$OUT/cmake" -j "$(nproc)" --target "${TOOLS[@]}"
 mkdir -p "$OUT/bin"
-cp "$OUT"/cmake/bin/llama-speculative-simple "$OUT"/cmake/bin/llama-lookup "$OUT"/cmake/bin/llama-server "$OUT/bin/"
-say "built: $OUT/bin/llama-speculative-simple $OUT/bin/llama-lookup $OUT/bin/llama-server"
+for t in "${TOOLS[@]}"; do cp "$OUT/cmake/bin/$t" "$OUT/bin/"; done
+say "built: ${TOOLS[*]/#/$OUT/bin/}"
