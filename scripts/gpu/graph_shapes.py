@@ -47,6 +47,9 @@ from typing import Any
 PATTERNS = {"steady 1": [1], "steady 5": [5], "1,5": [1, 5], "2,3,4,5": [2, 3, 4, 5]}
 PROMPT = "Write a long story about a robot who learns to paint, with many details about colours and light."
 MANY_SHAPES = 40  # shapes in turn after the patterns: more than patch 0013 keeps captured graphs for (32)
+# the runs timed beside the graphs runs: the key of their call time (ms_KEY) and of its ratio (RATIO_over_on)
+BESIDE = (("no_graphs", "off", "no graphs"), ("node_key", "node_key", "graphs, llama.cpp's key"),
+          ("rebuilt", "rebuilt", "rebuilt each call"), ("unparked", "unparked", "not parked"))  # fmt: skip
 CHILD = "child"  # argv[1] of the process that measures
 # the child processes in order, each with the variable it sets and its value (None: the build as it is)
 RUNS = (("graphs", None, ""), ("not parked", "LLAMA_GRAPH_PARK", "0"), ("no graphs", "GGML_CUDA_DISABLE_GRAPHS", "1"),
@@ -140,18 +143,15 @@ def main() -> None:
         table[name] = {}
         for n in map(str, shapes):
             on = [runs[k]["patterns"][name][n] for k in ("graphs", "graphs again")]
-            off = runs["no graphs"]["patterns"][name][n]
-            node = runs["graphs, llama.cpp's key"]["patterns"][name][n]
-            ratio, keys = round(off / statistics.mean(on), 4), round(node / statistics.mean(on), 4)
-            rebuilt = runs["rebuilt each call"]["patterns"][name][n]
-            unparked = runs["not parked"]["patterns"][name][n]
-            table[name][n] = {"ms_graphs": on, "ms_no_graphs": off, "off_over_on": ratio, "ms_node_key": node,
-                              "node_key_over_on": keys, "ms_rebuilt": rebuilt,
-                              "rebuilt_over_on": round(rebuilt / statistics.mean(on), 4), "ms_unparked": unparked,
-                              "unparked_over_on": round(unparked / statistics.mean(on), 4)}  # fmt: skip
-            print(f"{name:9s} {n}-token calls: with graphs {on[0]:.3f} / {on[1]:.3f} ms, without {off:.3f}: {ratio:.3f}x; "
-                  f"with llama.cpp's key {node:.3f}: {keys:.3f}x; not parked {unparked:.3f}: "
-                  f"{table[name][n]['unparked_over_on']:.3f}x; rebuilt each call {rebuilt:.3f}")  # fmt: skip
+            row: dict[str, Any] = {"ms_graphs": on}
+            for key, ratio_key, label in BESIDE:  # each other run's call time, and over the graphs runs' mean
+                ms = runs[label]["patterns"][name][n]
+                row[f"ms_{key}"], row[f"{ratio_key}_over_on"] = ms, round(ms / statistics.mean(on), 4)
+            table[name][n] = row
+            print(f"{name:9s} {n}-token calls: with graphs {on[0]:.3f} / {on[1]:.3f} ms, without "
+                  f"{row['ms_no_graphs']:.3f}: {row['off_over_on']:.3f}x; with llama.cpp's key {row['ms_node_key']:.3f}: "
+                  f"{row['node_key_over_on']:.3f}x; not parked {row['ms_unparked']:.3f}: {row['unparked_over_on']:.3f}x; "
+                  f"rebuilt each call {row['ms_rebuilt']:.3f}")  # fmt: skip
         p, q = runs["graphs"]["patterns"][name], runs["rebuilt each call"]["patterns"][name]
         u = runs["not parked"]["patterns"][name]
         table[name]["graph_reused"] = f"{p['reused']}/{p['calls']}"
